@@ -1,0 +1,39 @@
+"""mmgate's cache actor: one asyncio task owns all cache state; callers await per-key futures.
+
+Identical concurrent lookups share one computation, a computation that asks for its own key (or
+closes a cycle of keys) is refused at once, and every wait has a deadline. The package depends on
+the standard library only and knows nothing of gRPC or vLLM.
+"""
+
+from .actor import CacheActor
+from .config import CacheConfig, Weigher, default_weigher
+from .errors import (
+    CacheActorDead,
+    CacheError,
+    CacheOverloaded,
+    CacheRecursionError,
+    ComputeTimeout,
+)
+from .lookup import Lookup, LookupEvent, LookupHook, Outcome
+from .stats import CacheStats, EntryInfo
+from .tiers import InMemoryTier, SecondTier
+
+__all__ = [
+    "CacheActor",
+    "CacheActorDead",
+    "CacheConfig",
+    "CacheError",
+    "CacheOverloaded",
+    "CacheRecursionError",
+    "CacheStats",
+    "ComputeTimeout",
+    "EntryInfo",
+    "InMemoryTier",
+    "Lookup",
+    "LookupEvent",
+    "LookupHook",
+    "Outcome",
+    "SecondTier",
+    "Weigher",
+    "default_weigher",
+]

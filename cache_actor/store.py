@@ -1,0 +1,150 @@
+"""Stored values: a byte-budgeted LRU, per tenant as well as in total, with optional TTL.
+
+Only completed values live here; flights are kept apart (flights.py), so eviction cannot touch
+work in progress. Everything here is synchronous and touched by the actor's loop only.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Any, final
+
+from .stats import Counters
+
+FullKey = tuple[str, str]  # (tenant, key)
+
+
+@final
+@dataclass(slots=True)
+class Entry:
+    value: Any
+    nbytes: int
+    tier: str | None  # where the flight found it; None when computed
+    admitted_at: float
+    expires_at: float | None
+    hits: int = 0
+
+
+@final
+class Store:
+    def __init__(
+        self,
+        *,
+        max_bytes: int,
+        tenant_budget: int,
+        max_entry_bytes: int,
+        ttl_seconds: float | None,
+        counters: Counters,
+    ) -> None:
+        self._max_bytes = max_bytes
+        self._tenant_budget = tenant_budget
+        self._max_entry_bytes = max_entry_bytes
+        self._ttl = ttl_seconds
+        self._counters = counters
+        self._lru: OrderedDict[FullKey, Entry] = OrderedDict()
+        # Kept only when tenants have a budget of their own below the total.
+        self._tenant_lru: dict[str, OrderedDict[FullKey, None]] | None = (
+            {} if tenant_budget < max_bytes else None
+        )
+        self._tenant_bytes: dict[str, int] = {}
+        # Admission order is expiry order (one TTL for all, values never refreshed); entries that
+        # left earlier are skipped by the identity check in ``expire``.
+        self._expiry: deque[tuple[float, FullKey, Entry]] = deque()
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def bytes_by_tenant(self) -> tuple[tuple[str, int], ...]:
+        return tuple(sorted(self._tenant_bytes.items()))
+
+    def get(self, full_key: FullKey, now: float) -> Entry | None:
+        """The live entry for a key, marked as most recently used."""
+        entry = self._lru.get(full_key)
+        if entry is None:
+            return None
+        if entry.expires_at is not None and entry.expires_at <= now:
+            self._drop(full_key, entry)
+            self._counters.expirations += 1
+            return None
+        self._lru.move_to_end(full_key)
+        if self._tenant_lru is not None:
+            self._tenant_lru[full_key[0]].move_to_end(full_key)
+        entry.hits += 1
+        return entry
+
+    def peek(self, full_key: FullKey) -> Entry | None:
+        return self._lru.get(full_key)
+
+    def admit(
+        self, full_key: FullKey, value: Any, nbytes: int, tier: str | None, now: float
+    ) -> bool:
+        """Store a completed value, evicting least recently used entries to make room.
+
+        Returns False, storing nothing, when the value is larger than one entry may be.
+        """
+        if nbytes > self._max_entry_bytes:
+            self._counters.oversize_rejections += 1
+            return False
+        old = self._lru.get(full_key)
+        if old is not None:
+            self._drop(full_key, old)
+        tenant = full_key[0]
+        if self._tenant_lru is not None:
+            while self._tenant_bytes.get(tenant, 0) + nbytes > self._tenant_budget:
+                self._evict(next(iter(self._tenant_lru[tenant])))
+        while self.bytes + nbytes > self._max_bytes:
+            self._evict(next(iter(self._lru)))
+        expires_at = None if self._ttl is None else now + self._ttl
+        entry = Entry(value, nbytes, tier, now, expires_at)
+        self._lru[full_key] = entry
+        if self._tenant_lru is not None:
+            self._tenant_lru.setdefault(tenant, OrderedDict())[full_key] = None
+        self._tenant_bytes[tenant] = self._tenant_bytes.get(tenant, 0) + nbytes
+        self.bytes += nbytes
+        if expires_at is not None:
+            self._expiry.append((expires_at, full_key, entry))
+        return True
+
+    def remove(self, full_key: FullKey) -> bool:
+        entry = self._lru.get(full_key)
+        if entry is None:
+            return False
+        self._drop(full_key, entry)
+        return True
+
+    def expire(self, now: float) -> None:
+        """Drop every entry whose TTL has passed."""
+        while self._expiry and self._expiry[0][0] <= now:
+            _, full_key, entry = self._expiry.popleft()
+            # identity check: the key may since have been dropped and admitted anew
+            if self._lru.get(full_key) is entry:
+                self._drop(full_key, entry)
+                self._counters.expirations += 1
+
+    def clear(self) -> None:
+        for full_key, entry in list(self._lru.items()):
+            self._drop(full_key, entry)
+        self._expiry.clear()
+
+    def _evict(self, full_key: FullKey) -> None:
+        entry = self._lru[full_key]
+        self._drop(full_key, entry)
+        self._counters.evictions += 1
+        self._counters.evicted_bytes += entry.nbytes
+
+    def _drop(self, full_key: FullKey, entry: Entry) -> None:
+        del self._lru[full_key]
+        tenant = full_key[0]
+        if self._tenant_lru is not None:
+            order = self._tenant_lru[tenant]
+            del order[full_key]
+            if not order:
+                del self._tenant_lru[tenant]
+        remaining = self._tenant_bytes.get(tenant, 0) - entry.nbytes
+        if remaining:
+            self._tenant_bytes[tenant] = remaining
+        else:
+            self._tenant_bytes.pop(tenant, None)
+        self.bytes -= entry.nbytes

@@ -1,0 +1,84 @@
+import asyncio
+
+import pytest
+
+from cache_actor import CacheActor, CacheConfig, Outcome
+
+from .conftest import Gate, MakeActor, assert_stats, until
+
+
+async def test_leader_cancellation_leaves_followers_served(cache: CacheActor[bytes]) -> None:
+    gate = Gate()
+    leader = asyncio.ensure_future(cache.get("k", gate))
+    await gate.started.wait()
+    followers = [asyncio.ensure_future(cache.get("k", gate)) for _ in range(5)]
+    await until(lambda: cache.stats().waiters == 6)
+
+    leader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await leader
+    await until(lambda: cache.stats().waiters == 5)
+    gate.release.set()
+
+    results = await asyncio.gather(*followers)
+    assert [r.outcome for r in results] == [Outcome.COALESCED] * 5
+    assert gate.calls == 1
+    assert_stats(cache, misses=1, coalesced=5, cancelled_waiters=1, load_successes=1, entries=1)
+
+
+async def test_follower_cancellation_removes_only_itself(cache: CacheActor[bytes]) -> None:
+    gate = Gate()
+    leader = asyncio.ensure_future(cache.get("k", gate))
+    follower = asyncio.ensure_future(cache.get("k", gate))
+    await until(lambda: cache.stats().waiters == 2)
+    follower.cancel()
+    await until(lambda: cache.stats().waiters == 1)
+    gate.release.set()
+    assert (await leader).outcome is Outcome.MISS
+    assert follower.cancelled()
+    assert_stats(cache, misses=1, coalesced=1, cancelled_waiters=1, load_successes=1, entries=1)
+
+
+async def test_flight_outlives_its_last_waiter_by_default(cache: CacheActor[bytes]) -> None:
+    gate = Gate()
+    only = asyncio.ensure_future(cache.get("k", gate))
+    await gate.started.wait()
+    only.cancel()
+    await until(lambda: cache.stats().waiters == 0)
+    assert cache.stats().flights == 1  # the image will likely be asked for again
+    gate.release.set()
+    await until(lambda: cache.stats().entries == 1)
+    assert (await cache.get("k", gate)).outcome is Outcome.HIT
+    assert gate.calls == 1
+
+
+async def test_orphaned_flight_can_be_cancelled(make_actor: MakeActor) -> None:
+    cache = make_actor(CacheConfig(finish_orphaned_flights=False))
+    cancelled = asyncio.Event()
+
+    async def compute() -> bytes:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return b"never"
+
+    only = asyncio.ensure_future(cache.get("k", compute))
+    await until(lambda: cache.stats().flights == 1)
+    only.cancel()
+    await cancelled.wait()
+    await until(lambda: cache.stats().flights == 0)
+    assert_stats(cache, misses=1, cancelled_waiters=1, entries=0)
+
+
+async def test_cancel_before_the_actor_reads_the_request(cache: CacheActor[bytes]) -> None:
+    gate = Gate()
+    lookup = asyncio.ensure_future(cache.get("k", gate))
+    await until(lambda: cache.stats().mailbox_depth == 1)  # queued, not yet read
+    lookup.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await lookup
+    await cache.ping()
+    assert gate.calls == 0
+    assert_stats(cache, cancelled_waiters=1, flights=0)
