@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import io
 import itertools
 import logging
 import time
@@ -42,6 +41,7 @@ from .errors import (
 from .flights import COMPUTING, Flight, Waiter
 from .lookup import Lookup, LookupEvent, LookupHook, Outcome
 from .mailbox import Mailbox
+from .stacks import await_stack
 from .stats import CacheStats, Counters, EntryInfo
 from .store import FullKey, Store
 from .tiers import CircuitBreaker, SecondTier
@@ -160,6 +160,9 @@ class CacheActor(Generic[V]):
         self._flight_ids = itertools.count(1)
         # compute tasks and tier write-backs; close() cancels and awaits them
         self._tasks: set[asyncio.Task[None]] = set()
+        # every caller's future until its get() returns: whatever state a crash leaves behind,
+        # each of them is failed (a crash mid-handler may have detached them from their flight)
+        self._waiting: set[asyncio.Future[Any]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._tick: asyncio.TimerHandle | None = None
@@ -246,10 +249,12 @@ class CacheActor(Generic[V]):
             token = _call_hook(hook.lookup_started, tenant, key)
         full_key = (tenant, key)
         future: asyncio.Future[Lookup[V]] = loop.create_future()
+        self._waiting.add(future)
         request = _Get(
             full_key, compute, future, contextvars.copy_context(), COMPUTING.get(), token
         )
         if not self._mailbox.offer(request):
+            self._waiting.discard(future)
             error: BaseException = CacheOverloaded(
                 f"cache mailbox is full ({self.config.mailbox_size} requests queued)"
             )
@@ -270,6 +275,7 @@ class CacheActor(Generic[V]):
             raise
         finally:
             timer.cancel()
+            self._waiting.discard(future)
         if hook is not None:
             self._finish_hook(token, full_key, started, lookup, None)
         return lookup
@@ -450,11 +456,12 @@ class CacheActor(Generic[V]):
         for flight in self._flights.values():
             if flight.deadline is not None:
                 flight.deadline.cancel()
-            for future, _ in flight.release_waiters():
-                _fail(future, reason)
+            flight.release_waiters()
         self._flights.clear()
+        for future in self._waiting:
+            _fail(future, reason)
         while (message := self._mailbox.take()) is not None:
-            if isinstance(message, _Get | _Query):
+            if isinstance(message, _Query):
                 _fail(message.future, reason)
         for task in self._tasks:
             task.cancel()
@@ -612,6 +619,9 @@ class CacheActor(Generic[V]):
 
     def _on_tick(self, tick: _Tick) -> None:
         self._loop_lag = tick.lag
+        if tick.lag >= self.config.loop_lag_warning:
+            # something blocked the event loop: every lookup and every RPC waited that long
+            log.warning("event loop lagged %.3f s behind the cache watchdog", tick.lag)
         now = time.monotonic()
         self._store.expire(now)
         threshold = self.config.stall_threshold
@@ -621,16 +631,14 @@ class CacheActor(Generic[V]):
                 continue
             flight.stall_reported = True
             self._counters.stalled_flights += 1
-            stack = io.StringIO()
-            if flight.task is not None:
-                flight.task.print_stack(file=stack)
+            stack = "" if flight.task is None else await_stack(flight.task)
             log.warning(
                 "flight %d for %s has run %.1f s with %d waiters; its task is at:\n%s",
                 flight.id,
                 flight.full_key[1],
                 age,
                 len(flight.waiters),
-                stack.getvalue(),
+                stack,
             )
 
     # ── helpers of the actor ────────────────────────────────────────────────────────────────

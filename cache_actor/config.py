@@ -57,6 +57,8 @@ class CacheConfig:
     watchdog_interval: float = 1.0
     # A flight older than this is logged with its task's stack.
     stall_threshold: float = 10.0
+    # Loop lag above this is logged: CPU-bound work is running on the event loop.
+    loop_lag_warning: float = 0.25
 
     def __post_init__(self) -> None:
         positive = {
@@ -69,6 +71,7 @@ class CacheConfig:
             "tier_breaker_failures": self.tier_breaker_failures,
             "watchdog_interval": self.watchdog_interval,
             "stall_threshold": self.stall_threshold,
+            "loop_lag_warning": self.loop_lag_warning,
         }
         if self.max_bytes_per_tenant is not None:
             positive["max_bytes_per_tenant"] = self.max_bytes_per_tenant

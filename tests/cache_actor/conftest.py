@@ -76,7 +76,7 @@ def assert_no_leaked_tasks() -> None:
 
 
 class Gate:
-    """A computation that blocks until released, counting its calls: sequences tests without sleeps."""
+    """A computation that blocks until released and counts its calls (sequencing, not sleeps)."""
 
     def __init__(self, value: Any = b"value") -> None:
         self.value = value

@@ -1,0 +1,117 @@
+import asyncio
+from typing import Any
+
+from cache_actor import CacheActor, CacheConfig, InMemoryTier, Outcome, SecondTier
+
+from .conftest import Gate, MakeActor, assert_stats, until
+
+
+class BrokenTier:
+    """Fails every call, as a Redis that is down does."""
+
+    name = "broken"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def get(self, tenant: str, key: str, *, timeout: float) -> Any | None:
+        self.calls += 1
+        raise ConnectionError("connection refused")
+
+    async def set(self, tenant: str, key: str, value: Any, *, timeout: float) -> None:
+        self.calls += 1
+        raise ConnectionError("connection refused")
+
+    async def delete(self, tenant: str, key: str, *, timeout: float) -> None:
+        raise ConnectionError("connection refused")
+
+
+class ReadOnlyTier(BrokenTier):
+    """Answers reads (with nothing) but fails writes."""
+
+    name = "read-only"
+
+    async def get(self, tenant: str, key: str, *, timeout: float) -> Any | None:
+        self.calls += 1
+        return None
+
+
+class HangingTier(BrokenTier):
+    name = "hanging"
+
+    async def get(self, tenant: str, key: str, *, timeout: float) -> Any | None:
+        self.calls += 1
+        await asyncio.Event().wait()  # ignores its timeout: the actor enforces it
+        return None
+
+
+def test_implementations_satisfy_the_protocol() -> None:
+    assert isinstance(InMemoryTier(), SecondTier)
+    assert isinstance(BrokenTier(), SecondTier)
+
+
+async def test_value_from_the_second_tier(make_actor: MakeActor) -> None:
+    tier = InMemoryTier("redis")
+    tier.values[("default", "k")] = b"shared"
+    cache: CacheActor[bytes] = make_actor(tier=tier)
+    gate = Gate()
+    lookup = await cache.get("k", gate)
+    assert (lookup.value, lookup.outcome, lookup.tier) == (b"shared", Outcome.MISS, "redis")
+    assert gate.calls == 0
+    hit = await cache.get("k", gate)
+    assert (hit.outcome, hit.tier) == (Outcome.HIT, "memory")
+    assert (await cache.inspect("k")).tier == "redis"
+    assert_stats(cache, misses=1, hits=1, tier_hits=1, load_successes=1, entries=1)
+
+
+async def test_computed_value_is_written_back(make_actor: MakeActor) -> None:
+    tier = InMemoryTier()
+    cache: CacheActor[bytes] = make_actor(tier=tier)
+    gate = Gate(b"computed")
+    gate.release.set()
+    assert (await cache.get("k", gate, tenant="t")).tier is None
+    await until(lambda: tier.sets == 1)
+    assert tier.values == {("t", "k"): b"computed"}
+    assert await cache.invalidate("k", tenant="t")
+    assert tier.values == {}
+
+
+async def test_broken_tier_is_a_miss_and_opens_the_breaker(make_actor: MakeActor) -> None:
+    tier = BrokenTier()
+    cache: CacheActor[bytes] = make_actor(
+        CacheConfig(tier_breaker_failures=3, tier_breaker_seconds=3600), tier=tier
+    )
+    for i in range(5):
+        gate = Gate(b"computed")
+        gate.release.set()
+        assert (await cache.get(f"k{i}", gate)).value == b"computed"
+        await cache.ping()  # let any write-back report
+    stats = cache.stats()
+    assert stats.tier_breaker_open
+    # three failed reads (k0, k1, k2) open it; k3 and k4 do not ask
+    assert (stats.tier_errors, stats.tier_write_errors) == (3, 0)
+    calls = tier.calls
+    gate = Gate()
+    gate.release.set()
+    await cache.get("k-after", gate)
+    assert tier.calls == calls  # not asked while the breaker is open
+    assert not await cache.invalidate("never-stored")  # delete errors are logged, not raised
+
+
+async def test_hanging_tier_times_out_as_a_miss(make_actor: MakeActor) -> None:
+    tier = HangingTier()
+    cache: CacheActor[bytes] = make_actor(CacheConfig(tier_timeout=0.01), tier=tier)
+    gate = Gate(b"computed")
+    gate.release.set()
+    lookup = await cache.get("k", gate, timeout=10)
+    assert (lookup.value, lookup.tier) == (b"computed", None)
+    assert cache.stats().tier_errors == 1
+
+
+async def test_failed_write_back_is_reported_not_raised(make_actor: MakeActor) -> None:
+    cache: CacheActor[bytes] = make_actor(tier=ReadOnlyTier())
+    gate = Gate(b"computed")
+    gate.release.set()
+    assert (await cache.get("k", gate)).value == b"computed"
+    await until(lambda: cache.stats().tier_write_errors == 1)
+    assert_stats(cache, misses=1, load_successes=1, tier_write_errors=1, entries=1)
