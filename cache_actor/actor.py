@@ -67,6 +67,9 @@ class _Get:
     context: contextvars.Context
     chain: tuple[Flight, ...]
     token: object | None
+    # the caller's deadline on the loop's clock, armed by the actor when the caller must wait
+    deadline: float
+    wait: float
 
 
 @final
@@ -244,29 +247,36 @@ class CacheActor(Generic[V]):
         loop = self._loop
         hook = self._hook
         token: object | None = None
-        started = time.perf_counter()
+        started = 0.0
         if hook is not None:
+            started = time.perf_counter()
             token = _call_hook(hook.lookup_started, tenant, key)
         full_key = (tenant, key)
         future: asyncio.Future[Lookup[V]] = loop.create_future()
-        self._waiting.add(future)
+        wait = self.config.default_timeout if timeout is None else timeout
         request = _Get(
-            full_key, compute, future, contextvars.copy_context(), COMPUTING.get(), token
+            full_key,
+            compute,
+            future,
+            contextvars.copy_context(),
+            COMPUTING.get(),
+            token,
+            loop.time() + wait,
+            wait,
         )
         if not self._mailbox.offer(request):
-            self._waiting.discard(future)
             error: BaseException = CacheOverloaded(
                 f"cache mailbox is full ({self.config.mailbox_size} requests queued)"
             )
             self._finish_hook(token, full_key, started, None, error)
             raise error
-        wait = self.config.default_timeout if timeout is None else timeout
-        timer = loop.call_later(wait, self._caller_deadline, full_key, future, wait)
+        waiting = self._waiting
+        waiting.add(future)
         try:
             lookup = await future
         except asyncio.CancelledError as exc:
             # cancelled by its own caller: leave the flight, which goes on for the others
-            if not future.done() or future.cancelled():
+            if future.cancelled():
                 self._mailbox.post(_WaiterLeft(full_key, future, timed_out=False))
             self._finish_hook(token, full_key, started, None, exc)
             raise
@@ -274,8 +284,7 @@ class CacheActor(Generic[V]):
             self._finish_hook(token, full_key, started, None, exc)
             raise
         finally:
-            timer.cancel()
-            self._waiting.discard(future)
+            waiting.discard(future)
         if hook is not None:
             self._finish_hook(token, full_key, started, lookup, None)
         return lookup
@@ -471,10 +480,10 @@ class CacheActor(Generic[V]):
         if future.done():  # its caller left before we got to it
             return
         full_key = request.full_key
-        entry = self._store.get(full_key, time.monotonic())
+        entry = self._store.get(full_key)
         if entry is not None:
             self._counters.hits += 1
-            future.set_result(Lookup(entry.value, Outcome.HIT, "memory", entry.nbytes))
+            future.set_result(entry.hit)
             return
         chain = request.chain
         source = self._innermost_live(chain)
@@ -488,7 +497,7 @@ class CacheActor(Generic[V]):
                 if cycle is not None:
                     self._reject_recursion(request, [source, *cycle])
                     return
-            flight.add_waiter(future, Waiter(source, request.token))
+            flight.add_waiter(future, self._park(request, source))
             self._counters.coalesced += 1
             return
         if len(self._flights) >= self.config.max_flights:
@@ -497,6 +506,14 @@ class CacheActor(Generic[V]):
             return
         self._counters.misses += 1
         self._start_flight(request, source)
+
+    def _park(self, request: _Get, source: Flight | None) -> Waiter:
+        """A caller that must wait for a flight: arm its deadline (a hit never needs one)."""
+        assert self._loop is not None
+        timer = self._loop.call_at(
+            request.deadline, self._caller_deadline, request.full_key, request.future, request.wait
+        )
+        return Waiter(source, request.token, timer)
 
     def _start_flight(self, request: _Get, source: Flight | None) -> None:
         loop = self._loop
@@ -509,7 +526,7 @@ class CacheActor(Generic[V]):
             leader=request.future,
             leader_token=request.token,
         )
-        flight.add_waiter(request.future, Waiter(source, request.token))
+        flight.add_waiter(request.future, self._park(request, source))
         self._flights[request.full_key] = flight
         # The computation runs in its caller's context (trace context included), with its
         # own flight appended to the lineage that recursion checks read.
@@ -553,7 +570,8 @@ class CacheActor(Generic[V]):
         if done.tier is not None:
             self._counters.tier_hits += 1
         if flight.admit:
-            self._store.admit(full_key, done.value, done.nbytes, done.tier, time.monotonic())
+            hit = Lookup(done.value, Outcome.HIT, "memory", done.nbytes)
+            self._store.admit(full_key, hit, done.value, done.nbytes, done.tier)
         leader = flight.leader_token
         miss = Lookup(done.value, Outcome.MISS, done.tier, done.nbytes, flight.id, leader)
         joined = Lookup(done.value, Outcome.COALESCED, done.tier, done.nbytes, flight.id, leader)
@@ -623,7 +641,7 @@ class CacheActor(Generic[V]):
             # something blocked the event loop: every lookup and every RPC waited that long
             log.warning("event loop lagged %.3f s behind the cache watchdog", tick.lag)
         now = time.monotonic()
-        self._store.expire(now)
+        self._store.expire()
         threshold = self.config.stall_threshold
         for flight in self._flights.values():
             age = now - flight.started_at

@@ -31,6 +31,8 @@ class Waiter:
     # the flight whose computation made this lookup, if any: the source of a wait-for edge
     from_flight: Flight | None
     token: object | None
+    # fires the caller's own deadline; cancelled once the waiter is answered or leaves
+    timer: asyncio.TimerHandle
 
 
 @final
@@ -60,15 +62,15 @@ class Flight:
         waiter = self.waiters.pop(future, None)
         if waiter is None:
             return False
-        self._drop_edge(waiter)
+        self._detach(waiter)
         return True
 
     def release_waiters(self) -> list[tuple[asyncio.Future[object], Waiter]]:
-        """Take every waiter out, with its wait-for edge."""
+        """Take every waiter out, with its deadline and its wait-for edge."""
         waiters = list(self.waiters.items())
         self.waiters.clear()
         for _, waiter in waiters:
-            self._drop_edge(waiter)
+            self._detach(waiter)
         return waiters
 
     def path_to(self, target: Flight) -> list[Flight] | None:
@@ -85,7 +87,8 @@ class Flight:
                     stack.append((nxt, [*path, nxt]))
         return None
 
-    def _drop_edge(self, waiter: Waiter) -> None:
+    def _detach(self, waiter: Waiter) -> None:
+        waiter.timer.cancel()
         source = waiter.from_flight
         if source is None:
             return

@@ -6,7 +6,9 @@ work in progress. Everything here is synchronous and touched by the actor's loop
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, final
 
@@ -18,6 +20,8 @@ FullKey = tuple[str, str]  # (tenant, key)
 @final
 @dataclass(slots=True)
 class Entry:
+    # what a hit returns, built once at admission: values are immutable, so it is shared
+    hit: Any
     value: Any
     nbytes: int
     tier: str | None  # where the flight found it; None when computed
@@ -36,7 +40,9 @@ class Store:
         max_entry_bytes: int,
         ttl_seconds: float | None,
         counters: Counters,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._clock = clock
         self._max_bytes = max_bytes
         self._tenant_budget = tenant_budget
         self._max_entry_bytes = max_entry_bytes
@@ -59,12 +65,12 @@ class Store:
     def bytes_by_tenant(self) -> tuple[tuple[str, int], ...]:
         return tuple(sorted(self._tenant_bytes.items()))
 
-    def get(self, full_key: FullKey, now: float) -> Entry | None:
+    def get(self, full_key: FullKey) -> Entry | None:
         """The live entry for a key, marked as most recently used."""
         entry = self._lru.get(full_key)
         if entry is None:
             return None
-        if entry.expires_at is not None and entry.expires_at <= now:
+        if entry.expires_at is not None and entry.expires_at <= self._clock():
             self._drop(full_key, entry)
             self._counters.expirations += 1
             return None
@@ -77,9 +83,7 @@ class Store:
     def peek(self, full_key: FullKey) -> Entry | None:
         return self._lru.get(full_key)
 
-    def admit(
-        self, full_key: FullKey, value: Any, nbytes: int, tier: str | None, now: float
-    ) -> bool:
+    def admit(self, full_key: FullKey, hit: Any, value: Any, nbytes: int, tier: str | None) -> bool:
         """Store a completed value, evicting least recently used entries to make room.
 
         Returns False, storing nothing, when the value is larger than one entry may be.
@@ -96,8 +100,9 @@ class Store:
                 self._evict(next(iter(self._tenant_lru[tenant])))
         while self.bytes + nbytes > self._max_bytes:
             self._evict(next(iter(self._lru)))
+        now = self._clock()
         expires_at = None if self._ttl is None else now + self._ttl
-        entry = Entry(value, nbytes, tier, now, expires_at)
+        entry = Entry(hit, value, nbytes, tier, now, expires_at)
         self._lru[full_key] = entry
         if self._tenant_lru is not None:
             self._tenant_lru.setdefault(tenant, OrderedDict())[full_key] = None
@@ -114,8 +119,9 @@ class Store:
         self._drop(full_key, entry)
         return True
 
-    def expire(self, now: float) -> None:
+    def expire(self) -> None:
         """Drop every entry whose TTL has passed."""
+        now = self._clock()
         while self._expiry and self._expiry[0][0] <= now:
             _, full_key, entry = self._expiry.popleft()
             # identity check: the key may since have been dropped and admitted anew
