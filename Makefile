@@ -36,5 +36,9 @@ bench-cache: $(STAMP)
 
 bench: bench-cache
 
+serve:
+	@echo "make serve: the gRPC service (services/) is not built yet; see README.md, Status." >&2
+	@exit 1
+
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
