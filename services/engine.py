@@ -1,0 +1,287 @@
+"""The engine worker: one vLLM ``AsyncLLM`` in this process, its engine core in a child process.
+
+    InferenceServicer ── generate(request_id, token ids, Sampling) ──▶ AsyncLLM.generate (DELTA)
+            ▲                                                               │
+            └───────────── EngineDelta (text, token ids, finish) ◀──────────┘
+    vLLM's output handler ── record(scheduler, iteration stats) ──▶ _StatsRecorder ─▶ EngineStats
+
+vLLM is imported when the worker starts, not when this module is imported: the import alone takes
+seconds, and unit tests, the CLI client and the cache actor never need it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, final
+
+from .config import EngineSettings
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+log = logging.getLogger("mmgate.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """Validated sampling settings; None leaves the engine's default."""
+
+    max_tokens: int
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+    ignore_eos: bool = False
+
+    @property
+    def deterministic(self) -> bool:
+        """Greedy, or seeded: the same prompt gives the same tokens."""
+        return self.temperature == 0.0 or self.seed is not None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineDelta:
+    """New tokens of one request; ``finish_reason`` is set on the last one."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str | None = None
+    num_cached_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    requests: int
+    requests_with_cached_prefix: int
+    aborted: int
+    running: int
+    waiting: int
+    kv_cache_usage: float
+
+    @property
+    def prefix_cache_hit_ratio(self) -> float:
+        queries = self.prefix_cache_queries
+        return self.prefix_cache_hits / queries if queries else 0.0
+
+
+@final
+class _Counters:
+    __slots__ = (
+        "aborted",
+        "kv_cache_usage",
+        "prefix_cache_hits",
+        "prefix_cache_queries",
+        "requests",
+        "requests_with_cached_prefix",
+        "running",
+        "waiting",
+    )
+
+    def __init__(self) -> None:
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self.requests = 0
+        self.requests_with_cached_prefix = 0
+        self.aborted = 0
+        self.running = 0
+        self.waiting = 0
+        self.kv_cache_usage = 0.0
+
+    def snapshot(self) -> EngineStats:
+        return EngineStats(
+            self.prefix_cache_queries,
+            self.prefix_cache_hits,
+            self.requests,
+            self.requests_with_cached_prefix,
+            self.aborted,
+            self.running,
+            self.waiting,
+            self.kv_cache_usage,
+        )
+
+
+def _stats_recorder_factory(counters: _Counters) -> Any:
+    """A vLLM stat logger that adds the engine's per-step stats into ``counters``.
+
+    vLLM calls it from its output handler, on this process's event loop, so plain ints do.
+    """
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class _StatsRecorder(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            self.counters = counters
+
+        def record(
+            self,
+            scheduler_stats: Any,
+            iteration_stats: Any,
+            mm_cache_stats: Any = None,
+            engine_idx: int = 0,
+        ) -> None:
+            c = self.counters
+            if scheduler_stats is not None:
+                c.running = scheduler_stats.num_running_reqs
+                c.waiting = scheduler_stats.num_waiting_reqs
+                c.kv_cache_usage = scheduler_stats.kv_cache_usage
+                prefix = scheduler_stats.prefix_cache_stats
+                c.prefix_cache_queries += prefix.queries
+                c.prefix_cache_hits += prefix.hits
+            if iteration_stats is not None:
+                for finished in iteration_stats.finished_requests:
+                    c.requests += 1
+                    if finished.num_cached_tokens > 0:
+                        c.requests_with_cached_prefix += 1
+                    if str(finished.finish_reason).lower().endswith("abort"):
+                        c.aborted += 1
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return _StatsRecorder
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine is not started, has failed, or is shutting down."""
+
+
+@final
+class EngineWorker:
+    """Owns the ``AsyncLLM``: start, generate, abort, stats, close."""
+
+    def __init__(self, settings: EngineSettings, model: str) -> None:
+        self.settings = settings
+        self.model_path = model
+        self.model_name = settings.served_model_name or model.rstrip("/").rsplit("/", 1)[-1]
+        self._engine: AsyncLLM | None = None
+        self._counters = _Counters()
+        self._closed = False
+        self.max_model_len = settings.max_model_len
+
+    def engine_args(self) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        s = self.settings
+        kwargs: dict[str, Any] = {
+            "model": self.model_path,
+            "served_model_name": self.model_name,
+            "dtype": s.dtype,
+            "max_model_len": s.max_model_len,
+            "max_num_seqs": s.max_num_seqs,
+            "kv_cache_dtype": s.kv_cache_dtype,
+            "enable_prefix_caching": s.enable_prefix_caching,
+            "tensor_parallel_size": s.tensor_parallel_size,
+            "enforce_eager": s.enforce_eager,
+            "seed": s.seed,
+            "enable_log_requests": False,
+        }
+        if s.block_size is not None:
+            kwargs["block_size"] = s.block_size
+        if s.kv_cache_memory_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = s.kv_cache_memory_bytes
+        kwargs.update(s.extra)
+        return AsyncEngineArgs(**kwargs)
+
+    async def start(self) -> None:
+        """Load the model and start the engine core (seconds to a minute)."""
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = self.engine_args()
+        factory = _stats_recorder_factory(self._counters)
+        # Built in a thread so the loop keeps answering health checks meanwhile; with no loop
+        # in that thread, AsyncLLM starts its output handler on the first request instead.
+        engine = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[factory])
+        self._engine = engine
+        self.max_model_len = engine.model_config.max_model_len
+        log.info("engine ready: %s (max_model_len %d)", self.model_name, self.max_model_len)
+
+    @property
+    def ready(self) -> bool:
+        return self._engine is not None and not self._closed and not self._engine.errored
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._require().get_tokenizer()
+
+    def stats(self) -> EngineStats:
+        return self._counters.snapshot()
+
+    def _require(self) -> AsyncLLM:
+        if self._engine is None or self._closed:
+            raise EngineUnavailable("the engine is not running")
+        if self._engine.errored:
+            raise EngineUnavailable("the engine has failed")
+        return self._engine
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: Sampling,
+        trace_headers: Mapping[str, str] | None = None,
+    ) -> AsyncIterator[EngineDelta]:
+        """Stream one request's new tokens; leaving early aborts it in the engine."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = self._require()
+        params = SamplingParams(
+            max_tokens=sampling.max_tokens,
+            stop=list(sampling.stop) or None,
+            ignore_eos=sampling.ignore_eos,
+            output_kind=RequestOutputKind.DELTA,
+            **{
+                name: value
+                for name in (
+                    "temperature",
+                    "top_p",
+                    "top_k",
+                    "seed",
+                    "presence_penalty",
+                    "frequency_penalty",
+                    "repetition_penalty",
+                    "min_p",
+                )
+                if (value := getattr(sampling, name)) is not None
+            },
+        )
+        finished = False
+        try:
+            async for output in engine.generate(
+                TokensPrompt(prompt_token_ids=prompt_token_ids),
+                params,
+                request_id,
+                trace_headers=trace_headers,
+            ):
+                completion = output.outputs[0]
+                finished = output.finished
+                yield EngineDelta(
+                    text=completion.text,
+                    token_ids=tuple(completion.token_ids),
+                    finish_reason=completion.finish_reason if finished else None,
+                    num_cached_tokens=output.num_cached_tokens or 0,
+                )
+        finally:
+            if not finished and not self._closed:
+                # vLLM aborts on cancellation too; this covers a consumer that simply stops
+                # iterating (GeneratorExit), and is idempotent.
+                await asyncio.shield(engine.abort(request_id))
+
+    async def close(self) -> None:
+        if self._engine is None or self._closed:
+            self._closed = True
+            return
+        self._closed = True
+        engine, self._engine = self._engine, None
+        # shutdown() joins the engine core process: off the loop, so health keeps answering
+        await asyncio.to_thread(engine.shutdown)

@@ -1,0 +1,140 @@
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GetStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ActorStats(_message.Message):
+    __slots__ = ("hits", "tier_hits", "misses", "coalesced", "load_successes", "load_failures", "load_seconds", "evictions", "evicted_bytes", "expirations", "oversize_rejections", "recursion_rejections", "compute_timeouts", "caller_timeouts", "cancelled_waiters", "overloaded", "tier_errors", "tier_write_errors", "stalled_flights", "entries", "bytes", "flights", "waiters", "mailbox_depth", "loop_lag_seconds", "oldest_flight_seconds", "tier_breaker_open", "alive", "hit_ratio")
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    TIER_HITS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    COALESCED_FIELD_NUMBER: _ClassVar[int]
+    LOAD_SUCCESSES_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    LOAD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EXPIRATIONS_FIELD_NUMBER: _ClassVar[int]
+    OVERSIZE_REJECTIONS_FIELD_NUMBER: _ClassVar[int]
+    RECURSION_REJECTIONS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_TIMEOUTS_FIELD_NUMBER: _ClassVar[int]
+    CALLER_TIMEOUTS_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_WAITERS_FIELD_NUMBER: _ClassVar[int]
+    OVERLOADED_FIELD_NUMBER: _ClassVar[int]
+    TIER_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    TIER_WRITE_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    STALLED_FLIGHTS_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    FLIGHTS_FIELD_NUMBER: _ClassVar[int]
+    WAITERS_FIELD_NUMBER: _ClassVar[int]
+    MAILBOX_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    LOOP_LAG_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_FLIGHT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TIER_BREAKER_OPEN_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    HIT_RATIO_FIELD_NUMBER: _ClassVar[int]
+    hits: int
+    tier_hits: int
+    misses: int
+    coalesced: int
+    load_successes: int
+    load_failures: int
+    load_seconds: float
+    evictions: int
+    evicted_bytes: int
+    expirations: int
+    oversize_rejections: int
+    recursion_rejections: int
+    compute_timeouts: int
+    caller_timeouts: int
+    cancelled_waiters: int
+    overloaded: int
+    tier_errors: int
+    tier_write_errors: int
+    stalled_flights: int
+    entries: int
+    bytes: int
+    flights: int
+    waiters: int
+    mailbox_depth: int
+    loop_lag_seconds: float
+    oldest_flight_seconds: float
+    tier_breaker_open: bool
+    alive: bool
+    hit_ratio: float
+    def __init__(self, hits: _Optional[int] = ..., tier_hits: _Optional[int] = ..., misses: _Optional[int] = ..., coalesced: _Optional[int] = ..., load_successes: _Optional[int] = ..., load_failures: _Optional[int] = ..., load_seconds: _Optional[float] = ..., evictions: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., expirations: _Optional[int] = ..., oversize_rejections: _Optional[int] = ..., recursion_rejections: _Optional[int] = ..., compute_timeouts: _Optional[int] = ..., caller_timeouts: _Optional[int] = ..., cancelled_waiters: _Optional[int] = ..., overloaded: _Optional[int] = ..., tier_errors: _Optional[int] = ..., tier_write_errors: _Optional[int] = ..., stalled_flights: _Optional[int] = ..., entries: _Optional[int] = ..., bytes: _Optional[int] = ..., flights: _Optional[int] = ..., waiters: _Optional[int] = ..., mailbox_depth: _Optional[int] = ..., loop_lag_seconds: _Optional[float] = ..., oldest_flight_seconds: _Optional[float] = ..., tier_breaker_open: _Optional[bool] = ..., alive: _Optional[bool] = ..., hit_ratio: _Optional[float] = ...) -> None: ...
+
+class EngineCacheStats(_message.Message):
+    __slots__ = ("prefix_cache_queries", "prefix_cache_hits", "prefix_cache_hit_ratio", "requests", "requests_with_cached_prefix", "running", "waiting", "kv_cache_usage", "aborted")
+    PREFIX_CACHE_QUERIES_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HIT_RATIO_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_WITH_CACHED_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
+    ABORTED_FIELD_NUMBER: _ClassVar[int]
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    prefix_cache_hit_ratio: float
+    requests: int
+    requests_with_cached_prefix: int
+    running: int
+    waiting: int
+    kv_cache_usage: float
+    aborted: int
+    def __init__(self, prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., prefix_cache_hit_ratio: _Optional[float] = ..., requests: _Optional[int] = ..., requests_with_cached_prefix: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., aborted: _Optional[int] = ...) -> None: ...
+
+class GetStatsResponse(_message.Message):
+    __slots__ = ("actor", "engine", "model")
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    actor: ActorStats
+    engine: EngineCacheStats
+    model: str
+    def __init__(self, actor: _Optional[_Union[ActorStats, _Mapping]] = ..., engine: _Optional[_Union[EngineCacheStats, _Mapping]] = ..., model: _Optional[str] = ...) -> None: ...
+
+class InspectRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class InspectResponse(_message.Message):
+    __slots__ = ("key", "state", "bytes", "age_seconds", "hits", "tier", "waiters")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    WAITERS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    state: str
+    bytes: int
+    age_seconds: float
+    hits: int
+    tier: str
+    waiters: int
+    def __init__(self, key: _Optional[str] = ..., state: _Optional[str] = ..., bytes: _Optional[int] = ..., age_seconds: _Optional[float] = ..., hits: _Optional[int] = ..., tier: _Optional[str] = ..., waiters: _Optional[int] = ...) -> None: ...
+
+class InvalidateRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class InvalidateResponse(_message.Message):
+    __slots__ = ("removed",)
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    removed: bool
+    def __init__(self, removed: _Optional[bool] = ...) -> None: ...

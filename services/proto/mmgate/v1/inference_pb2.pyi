@@ -1,0 +1,156 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class CachePolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CACHE_POLICY_UNSPECIFIED: _ClassVar[CachePolicy]
+    CACHE_POLICY_RESPONSE: _ClassVar[CachePolicy]
+    CACHE_POLICY_BYPASS: _ClassVar[CachePolicy]
+
+class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
+    FINISH_REASON_STOP: _ClassVar[FinishReason]
+    FINISH_REASON_LENGTH: _ClassVar[FinishReason]
+    FINISH_REASON_ABORT: _ClassVar[FinishReason]
+CACHE_POLICY_UNSPECIFIED: CachePolicy
+CACHE_POLICY_RESPONSE: CachePolicy
+CACHE_POLICY_BYPASS: CachePolicy
+FINISH_REASON_UNSPECIFIED: FinishReason
+FINISH_REASON_STOP: FinishReason
+FINISH_REASON_LENGTH: FinishReason
+FINISH_REASON_ABORT: FinishReason
+
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+
+class Chat(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
+
+class SamplingParams(_message.Message):
+    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "ignore_eos")
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    presence_penalty: float
+    frequency_penalty: float
+    repetition_penalty: float
+    min_p: float
+    ignore_eos: bool
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("prompt", "chat", "sampling", "request_id", "cache_policy")
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    CHAT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CACHE_POLICY_FIELD_NUMBER: _ClassVar[int]
+    prompt: str
+    chat: Chat
+    sampling: SamplingParams
+    request_id: str
+    cache_policy: CachePolicy
+    def __init__(self, prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., cache_policy: _Optional[_Union[CachePolicy, str]] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("prompt_tokens", "completion_tokens", "cached_prompt_tokens")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class CacheLookup(_message.Message):
+    __slots__ = ("stage", "key", "outcome", "tier", "wait_ms")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    stage: str
+    key: str
+    outcome: str
+    tier: str
+    wait_ms: float
+    def __init__(self, stage: _Optional[str] = ..., key: _Optional[str] = ..., outcome: _Optional[str] = ..., tier: _Optional[str] = ..., wait_ms: _Optional[float] = ...) -> None: ...
+
+class CacheReport(_message.Message):
+    __slots__ = ("lookups", "cached_prompt_tokens", "response_from_cache")
+    LOOKUPS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FROM_CACHE_FIELD_NUMBER: _ClassVar[int]
+    lookups: _containers.RepeatedCompositeFieldContainer[CacheLookup]
+    cached_prompt_tokens: int
+    response_from_cache: bool
+    def __init__(self, lookups: _Optional[_Iterable[_Union[CacheLookup, _Mapping]]] = ..., cached_prompt_tokens: _Optional[int] = ..., response_from_cache: _Optional[bool] = ...) -> None: ...
+
+class TokenDelta(_message.Message):
+    __slots__ = ("text", "token_ids")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class GenerateFinal(_message.Message):
+    __slots__ = ("finish_reason", "usage", "cache", "request_id", "model")
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    finish_reason: FinishReason
+    usage: Usage
+    cache: CacheReport
+    request_id: str
+    model: str
+    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., cache: _Optional[_Union[CacheReport, _Mapping]] = ..., request_id: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("delta", "final")
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    delta: TokenDelta
+    final: GenerateFinal
+    def __init__(self, delta: _Optional[_Union[TokenDelta, _Mapping]] = ..., final: _Optional[_Union[GenerateFinal, _Mapping]] = ...) -> None: ...
+
+class CompleteResponse(_message.Message):
+    __slots__ = ("text", "token_ids", "final")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    final: GenerateFinal
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., final: _Optional[_Union[GenerateFinal, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,155 @@
+"""The grpc.aio server: services, health, reflection, start-up and graceful shutdown.
+
+    start:    cache actor ─▶ gRPC port open (health NOT_SERVING, liveness SERVING)
+              ─▶ model prepared ─▶ engine started ─▶ health SERVING
+    running:  a monitor pings the actor and checks the engine every second; health follows
+    SIGTERM:  health NOT_SERVING ─▶ new calls refused ─▶ in-flight calls get the grace period
+              ─▶ shared-response producers, engine and actor closed ─▶ nothing left running
+
+Health services: "" (overall) and each mmgate service follow readiness; "liveness" says the
+process is responsive (the cache actor answers its mailbox), "readiness" that it can serve
+(engine ready, actor alive, not shutting down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Any, final
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from cache_actor import CacheActor, CacheActorDead
+
+from .cache_service import CacheServicer
+from .config import Settings
+from .engine import EngineWorker
+from .inference import InferenceServicer
+from .proto.mmgate.v1 import cache_pb2, cache_pb2_grpc, inference_pb2, inference_pb2_grpc
+
+log = logging.getLogger("mmgate.server")
+
+INFERENCE = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
+CACHE = cache_pb2.DESCRIPTOR.services_by_name["Cache"].full_name
+LIVENESS = "liveness"
+READINESS = "readiness"
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+HEALTH_INTERVAL_SECONDS = 1.0
+
+
+def resolve_model(settings: Settings) -> str:
+    """The model to serve: the configured one, or the embedded default, prepared once."""
+    if settings.engine.model:
+        return settings.engine.model
+    from .models import prepare_default_model
+
+    return str(prepare_default_model(settings.model_cache))
+
+
+@final
+class MmgateServer:
+    def __init__(self, settings: Settings, *, model: str | None = None) -> None:
+        self.settings = settings
+        self.cache: CacheActor[Any] = CacheActor(settings.cache.actor_config())
+        self.engine = EngineWorker(settings.engine, model or resolve_model(settings))
+        self.health = HealthServicer()
+        self.inference = InferenceServicer(settings, self.engine, self.cache)
+        self.server = grpc.aio.server(
+            options=[
+                # messages up to twice the limit reach validation, which names the field;
+                # beyond that gRPC itself answers RESOURCE_EXHAUSTED
+                ("grpc.max_receive_message_length", 2 * settings.max_message_bytes),
+                ("grpc.max_send_message_length", 2 * settings.max_message_bytes),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        inference_pb2_grpc.add_InferenceServicer_to_server(self.inference, self.server)
+        cache_pb2_grpc.add_CacheServicer_to_server(
+            CacheServicer(self.cache, self.engine), self.server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (
+                INFERENCE,
+                CACHE,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            self.server,
+        )
+        self.port = self.server.add_insecure_port(f"{settings.host}:{settings.port}")
+        self._monitor: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> None:
+        """Open the port at once (health NOT_SERVING), then start the engine."""
+        self.cache.start()
+        for service in ("", INFERENCE, CACHE, READINESS):
+            await self.health.set(service, NOT_SERVING)
+        await self.health.set(LIVENESS, SERVING)
+        await self.server.start()
+        log.info("listening on %s:%d; starting the engine", self.settings.host, self.port)
+        await self.engine.start()
+        await self._update_health()
+        self._monitor = asyncio.create_task(self._watch(), name="mmgate-health")
+        log.info("serving %s on %s:%d", self.engine.model_name, self.settings.host, self.port)
+
+    async def _update_health(self) -> None:
+        try:
+            await self.cache.ping(timeout=HEALTH_INTERVAL_SECONDS)
+            alive = True
+        except (CacheActorDead, TimeoutError):
+            alive = False
+        ready = alive and self.engine.ready and not self._stopping
+        await self.health.set(LIVENESS, SERVING if alive else NOT_SERVING)
+        for service in ("", INFERENCE, CACHE, READINESS):
+            await self.health.set(service, SERVING if ready else NOT_SERVING)
+
+    async def _watch(self) -> None:
+        while not self._stopping:
+            await self._update_health()
+            try:
+                await asyncio.wait_for(self._stopped.wait(), HEALTH_INTERVAL_SECONDS)
+            except TimeoutError:
+                continue
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Drain and close everything; safe to call more than once."""
+        if self._stopping:
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        grace = self.settings.shutdown_grace_seconds if grace is None else grace
+        log.info("shutting down: %g s for calls in flight", grace)
+        await self.health.enter_graceful_shutdown()
+        if self._monitor is not None:
+            self._monitor.cancel()
+            await asyncio.gather(self._monitor, return_exceptions=True)
+        await self.server.stop(grace)
+        await self.inference.close()
+        await self.engine.close()
+        await self.cache.aclose()
+        self._stopped.set()
+        log.info("stopped")
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+
+async def serve(settings: Settings) -> None:
+    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+    server = MmgateServer(settings)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(server.stop()))
+    try:
+        await server.start()
+        await server.wait_stopped()
+    finally:
+        await server.stop()

@@ -1,0 +1,206 @@
+"""Request validation: everything that can be refused before any cache or engine work.
+
+Each problem becomes a ``google.rpc.BadRequest.FieldViolation`` naming the field, so a client can
+point at its mistake; all problems of a request are reported together.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Literal
+
+from google.protobuf import unknown_fields
+from google.protobuf.message import Message
+
+from .config import Settings
+from .engine import Sampling
+from .proto.mmgate.v1 import inference_pb2 as pb
+
+ROLES = frozenset({"system", "user", "assistant"})
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
+MAX_STOP_CHARS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    field: str
+    description: str
+
+
+class InvalidRequest(ValueError):
+    """The request cannot be served as sent."""
+
+    def __init__(self, violations: list[Violation]) -> None:
+        super().__init__("; ".join(f"{v.field}: {v.description}" for v in violations))
+        self.violations = violations
+
+
+@dataclass(frozen=True, slots=True)
+class ChatTurn:
+    role: str
+    content: str
+
+
+CachePolicy = Literal["prompt", "response", "bypass"]
+_POLICIES: dict[int, CachePolicy] = {
+    pb.CACHE_POLICY_UNSPECIFIED: "prompt",
+    pb.CACHE_POLICY_RESPONSE: "response",
+    pb.CACHE_POLICY_BYPASS: "bypass",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """A request that passed validation; ``max_tokens`` None means "what the context allows"."""
+
+    prompt: str | None
+    chat: tuple[ChatTurn, ...] | None
+    sampling: Sampling
+    max_tokens_set: bool
+    request_id: str
+    cache_policy: CachePolicy
+
+
+def _has_unknown_fields(message: Message) -> bool:
+    return len(unknown_fields.UnknownFieldSet(message)) > 0
+
+
+def _finite(value: float) -> bool:
+    return not (math.isnan(value) or math.isinf(value))
+
+
+def validate(
+    request: pb.GenerateRequest, settings: Settings, *, max_model_len: int
+) -> GenerationRequest:
+    """Check a GenerateRequest against the contract and the server's limits."""
+    problems: list[Violation] = []
+
+    def bad(field: str, description: str) -> None:
+        problems.append(Violation(field, description))
+
+    size = request.ByteSize()
+    if size > settings.max_message_bytes:
+        bad("request", f"{size} bytes; the limit is {settings.max_message_bytes}")
+
+    prompt: str | None = None
+    chat: tuple[ChatTurn, ...] | None = None
+    kind = request.WhichOneof("input")
+    if kind is None:
+        bad("input", "set either prompt or chat")
+    elif kind == "prompt":
+        prompt = request.prompt
+        if not prompt.strip():
+            bad("prompt", "must not be empty")
+        elif len(prompt) > settings.max_prompt_chars:
+            bad("prompt", f"{len(prompt)} characters; the limit is {settings.max_prompt_chars}")
+    else:
+        messages = request.chat.messages
+        if _has_unknown_fields(request.chat):
+            bad("chat", "carries fields this server does not know")
+        if not messages:
+            bad("chat.messages", "must hold at least one message")
+        elif len(messages) > settings.max_chat_messages:
+            bad(
+                "chat.messages",
+                f"{len(messages)} messages; the limit is {settings.max_chat_messages}",
+            )
+        total = 0
+        for i, message in enumerate(messages[: settings.max_chat_messages]):
+            where = f"chat.messages[{i}]"
+            if _has_unknown_fields(message):
+                bad(where, "carries fields this server does not know (only role and content)")
+            if message.role not in ROLES:
+                bad(f"{where}.role", f"{message.role!r} is not one of {', '.join(sorted(ROLES))}")
+            if not message.content.strip():
+                bad(f"{where}.content", "must not be empty")
+            total += len(message.content)
+        if total > settings.max_prompt_chars:
+            bad("chat.messages", f"{total} characters; the limit is {settings.max_prompt_chars}")
+        chat = tuple(ChatTurn(m.role, m.content) for m in messages)
+
+    sampling, max_tokens_set = _sampling(request, settings, max_model_len, bad)
+
+    request_id = request.request_id
+    if request_id and not _REQUEST_ID.match(request_id):
+        bad("request_id", "1 to 128 characters of letters, digits and ._:/-")
+    if request.cache_policy not in _POLICIES:
+        bad("cache_policy", f"unknown value {request.cache_policy}")
+
+    if problems:
+        raise InvalidRequest(problems)
+    return GenerationRequest(
+        prompt=prompt,
+        chat=chat,
+        sampling=sampling,
+        max_tokens_set=max_tokens_set,
+        request_id=request_id or uuid.uuid4().hex,
+        cache_policy=_POLICIES[request.cache_policy],
+    )
+
+
+def _sampling(
+    request: pb.GenerateRequest,
+    settings: Settings,
+    max_model_len: int,
+    bad: object,
+) -> tuple[Sampling, bool]:
+    assert callable(bad)
+    s = request.sampling
+    if _has_unknown_fields(s):
+        bad("sampling", "carries fields this server does not know")
+    max_tokens_set = s.HasField("max_tokens")
+    max_tokens = s.max_tokens if max_tokens_set else max_model_len
+    if max_tokens_set and not 1 <= s.max_tokens < max_model_len:
+        bad("sampling.max_tokens", f"must be between 1 and {max_model_len - 1}")
+    checks: list[tuple[str, bool, str]] = [
+        ("temperature", _finite(s.temperature) and 0 <= s.temperature <= 100, "between 0 and 100"),
+        ("top_p", _finite(s.top_p) and 0 < s.top_p <= 1, "in (0, 1]"),
+        ("top_k", s.top_k >= -1, "-1 or 0 (all tokens) or a positive count"),
+        ("min_p", _finite(s.min_p) and 0 <= s.min_p <= 1, "in [0, 1]"),
+        (
+            "presence_penalty",
+            _finite(s.presence_penalty) and -2 <= s.presence_penalty <= 2,
+            "in [-2, 2]",
+        ),
+        (
+            "frequency_penalty",
+            _finite(s.frequency_penalty) and -2 <= s.frequency_penalty <= 2,
+            "in [-2, 2]",
+        ),
+        (
+            "repetition_penalty",
+            _finite(s.repetition_penalty) and 0 < s.repetition_penalty <= 10,
+            "in (0, 10]",
+        ),
+        ("seed", s.seed >= 0, "not negative"),
+    ]
+    for name, ok, rule in checks:
+        if s.HasField(name) and not ok:
+            bad(f"sampling.{name}", f"{getattr(s, name)!r} is not {rule}")
+    if len(s.stop) > settings.max_stop_strings:
+        bad("sampling.stop", f"{len(s.stop)} strings; the limit is {settings.max_stop_strings}")
+    for i, stop in enumerate(s.stop):
+        if not stop or len(stop) > MAX_STOP_CHARS:
+            bad(f"sampling.stop[{i}]", f"must hold 1 to {MAX_STOP_CHARS} characters")
+
+    def optional(name: str) -> float | None:
+        return getattr(s, name) if s.HasField(name) else None
+
+    top_k = s.top_k if s.HasField("top_k") else None
+    sampling = Sampling(
+        max_tokens=max_tokens,
+        temperature=optional("temperature"),
+        top_p=optional("top_p"),
+        top_k=-1 if top_k == 0 else top_k,
+        seed=s.seed if s.HasField("seed") else None,
+        stop=tuple(s.stop),
+        presence_penalty=optional("presence_penalty"),
+        frequency_penalty=optional("frequency_penalty"),
+        repetition_penalty=optional("repetition_penalty"),
+        min_p=optional("min_p"),
+        ignore_eos=s.ignore_eos,
+    )
+    return sampling, max_tokens_set
