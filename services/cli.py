@@ -13,6 +13,7 @@ import asyncio
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import grpc
 
@@ -79,7 +80,7 @@ def _models(args: argparse.Namespace) -> int:
     from .config import Settings
     from .models import prepare_default_model
 
-    cache = args.cache or Settings().model_cache
+    cache = Path(args.cache) if args.cache else Settings().model_cache
     path = prepare_default_model(cache)
     sys.stdout.write(f"{path}\n")
     return 0

@@ -13,6 +13,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cache_actor import CacheConfig
 
+from .models import default_model_cache
+
 MiB = 1024 * 1024
 
 
@@ -72,8 +74,8 @@ class Settings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(50051, ge=0, le=65535)
-    # Where `mmgate models prepare` puts converted models.
-    model_cache: Path = Field(default_factory=lambda: Path.home() / ".cache" / "mmgate" / "models")
+    # Where `mmgate models prepare` puts converted models (MMGATE_MODEL_CACHE).
+    model_cache: Path = Field(default_factory=default_model_cache)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
     # Requests: what is refused before the engine sees it.

@@ -141,8 +141,6 @@ def _stats_recorder_factory(counters: _Counters) -> Any:
                     c.requests += 1
                     if finished.num_cached_tokens > 0:
                         c.requests_with_cached_prefix += 1
-                    if str(finished.finish_reason).lower().endswith("abort"):
-                        c.aborted += 1
 
         def log_engine_initialized(self) -> None:
             pass
@@ -272,10 +270,13 @@ class EngineWorker:
                     num_cached_tokens=output.num_cached_tokens or 0,
                 )
         finally:
-            if not finished and not self._closed:
-                # vLLM aborts on cancellation too; this covers a consumer that simply stops
-                # iterating (GeneratorExit), and is idempotent.
-                await asyncio.shield(engine.abort(request_id))
+            if not finished:
+                # vLLM's iterator aborts on cancellation itself (aborted requests never reach its
+                # finished-request stats, so they are counted here); this call covers a consumer
+                # that simply stops iterating, and does nothing for a request already gone.
+                self._counters.aborted += 1
+                if not self._closed:
+                    await asyncio.shield(engine.abort(request_id))
 
     async def close(self) -> None:
         if self._engine is None or self._closed:

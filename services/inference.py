@@ -70,6 +70,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         self.engine = engine
         self.cache = cache
         self.active = 0
+        self.draining = False
+        self._idle = asyncio.Event()
         # shared-response producers: they outlive the request that started them
         self._producers: set[asyncio.Task[None]] = set()
 
@@ -93,6 +95,23 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         response.text = "".join(texts)
         return response
 
+    async def drain(self, grace: float) -> bool:
+        """Refuse new requests and wait up to ``grace`` seconds for those in progress.
+
+        Done here rather than by grpc's own grace period, which can end a stream early when
+        another call finishes during shutdown (grpc/grpc#37239).
+        """
+        self.draining = True
+        if self.active == 0:
+            return True
+        self._idle.clear()
+        try:
+            async with asyncio.timeout(grace):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
     async def close(self) -> None:
         """Cancel shared-response producers still running (shutdown)."""
         for task in self._producers:
@@ -105,6 +124,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     async def _serve(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
+        if self.draining:
+            await abort(
+                context,
+                ServiceError(
+                    grpc.StatusCode.UNAVAILABLE, "the server is shutting down", reason="DRAINING"
+                ),
+            )
         if self.active >= self.settings.max_concurrent_requests:
             await abort(
                 context,
@@ -128,6 +154,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             error = from_exception(exc)
         finally:
             self.active -= 1
+            if self.active == 0:
+                self._idle.set()
         if error is not None:
             await abort(context, error)
 

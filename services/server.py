@@ -3,8 +3,9 @@
     start:    cache actor ─▶ gRPC port open (health NOT_SERVING, liveness SERVING)
               ─▶ model prepared ─▶ engine started ─▶ health SERVING
     running:  a monitor pings the actor and checks the engine every second; health follows
-    SIGTERM:  health NOT_SERVING ─▶ new calls refused ─▶ in-flight calls get the grace period
-              ─▶ shared-response producers, engine and actor closed ─▶ nothing left running
+    SIGTERM:  health NOT_SERVING ─▶ new calls refused (UNAVAILABLE) ─▶ in-flight calls get the
+              grace period ─▶ the rest cancelled ─▶ shared-response producers, engine and actor
+              closed ─▶ nothing left running
 
 Health services: "" (overall) and each mmgate service follow readiness; "liveness" says the
 process is responsive (the cache actor answers its mailbox), "readiness" that it can serve
@@ -131,7 +132,10 @@ class MmgateServer:
         if self._monitor is not None:
             self._monitor.cancel()
             await asyncio.gather(self._monitor, return_exceptions=True)
-        await self.server.stop(grace)
+        if not await self.inference.drain(grace):
+            log.warning("grace period over with %d requests in flight", self.inference.active)
+        # whatever is left (a stream past the grace period, a health Watch) is cancelled now
+        await self.server.stop(0)
         await self.inference.close()
         await self.engine.close()
         await self.cache.aclose()
@@ -146,8 +150,15 @@ async def serve(settings: Settings) -> None:
     """Run until SIGTERM or SIGINT, then shut down gracefully."""
     server = MmgateServer(settings)
     loop = asyncio.get_running_loop()
+    stopping: set[asyncio.Task[None]] = set()  # holds the task until it is done
+
+    def on_signal() -> None:
+        task = asyncio.ensure_future(server.stop())
+        stopping.add(task)
+        task.add_done_callback(stopping.discard)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(server.stop()))
+        loop.add_signal_handler(sig, on_signal)
     try:
         await server.start()
         await server.wait_stopped()

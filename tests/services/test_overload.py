@@ -1,0 +1,40 @@
+"""Beyond max_concurrent_requests (24 in the test server) a call gets RESOURCE_EXHAUSTED at once."""
+
+import asyncio
+
+import grpc
+import pytest
+
+from services.client import MmgateClient, build_request
+from services.proto.mmgate.v1 import inference_pb2 as pb
+
+from .conftest import error_details
+
+
+async def test_overload_is_refused_and_the_server_recovers(client: MmgateClient) -> None:
+    request = build_request("Long", max_tokens=900, ignore_eos=True)
+    calls = [client.generate(request) for _ in range(24)]
+    streams = [aiter(call) for call in calls]
+    # every one of the 24 has produced a token: all are in progress
+    await asyncio.gather(*(anext(stream) for stream in streams))
+
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await client.complete("One too many", max_tokens=1)
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    reasons = [getattr(d, "reason", None) for d in error_details(caught.value)]
+    assert "OVERLOADED" in reasons
+
+    for call in calls:
+        call.cancel()  # type: ignore[attr-defined]
+    assert (await back_to_normal(client)).final.usage.completion_tokens == 2
+
+
+async def back_to_normal(client: MmgateClient, attempts: int = 200) -> pb.CompleteResponse:
+    """The server frees the 24 slots as it processes the cancellations; ask until it has."""
+    for _ in range(attempts):
+        try:
+            return await client.complete("Back to normal", max_tokens=2, ignore_eos=True)
+        except grpc.aio.AioRpcError as error:
+            if error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise
+    raise AssertionError("the server never freed its slots")
