@@ -91,6 +91,21 @@ class Gate:
         return self.value
 
 
+class Stuck:
+    """A computation that never finishes by itself and records that it was cancelled."""
+
+    def __init__(self) -> None:
+        self.cancelled = asyncio.Event()
+
+    async def __call__(self) -> bytes:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        return b"never"
+
+
 async def until(predicate: Callable[[], bool], limit: int = 10_000) -> None:
     """Yield to the loop until ``predicate`` holds: waits on progress, not on time."""
     for _ in range(limit):

@@ -4,7 +4,7 @@ import pytest
 
 from cache_actor import CacheActor, CacheConfig, Outcome
 
-from .conftest import Gate, MakeActor, assert_stats, until
+from .conftest import Gate, MakeActor, Stuck, assert_stats, until
 
 
 async def test_leader_cancellation_leaves_followers_served(cache: CacheActor[bytes]) -> None:
@@ -54,20 +54,12 @@ async def test_flight_outlives_its_last_waiter_by_default(cache: CacheActor[byte
 
 async def test_orphaned_flight_can_be_cancelled(make_actor: MakeActor) -> None:
     cache = make_actor(CacheConfig(finish_orphaned_flights=False))
-    cancelled = asyncio.Event()
-
-    async def compute() -> bytes:
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-        return b"never"
+    compute = Stuck()
 
     only = asyncio.ensure_future(cache.get("k", compute))
     await until(lambda: cache.stats().flights == 1)
     only.cancel()
-    await cancelled.wait()
+    await compute.cancelled.wait()
     await until(lambda: cache.stats().flights == 0)
     assert_stats(cache, misses=1, cancelled_waiters=1, entries=0)
 

@@ -2,19 +2,11 @@ import asyncio
 
 from cache_actor import CacheActor, CacheActorDead, CacheConfig, InMemoryTier
 
-from .conftest import Gate, assert_no_leaked_tasks, until
+from .conftest import Gate, Stuck, assert_no_leaked_tasks, until
 
 
 async def test_no_task_left_after_close() -> None:
-    cancelled = asyncio.Event()
-
-    async def stuck() -> bytes:
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-        return b"never"
+    stuck = Stuck()
 
     tier = InMemoryTier()
     async with CacheActor[bytes](CacheConfig(), tier=tier) as cache:
@@ -25,5 +17,5 @@ async def test_no_task_left_after_close() -> None:
         await until(lambda: cache.stats().flights == 5)
     results = await asyncio.gather(*waiters, return_exceptions=True)
     assert all(isinstance(r, CacheActorDead) for r in results)
-    assert cancelled.is_set()
+    assert stuck.cancelled.is_set()
     assert_no_leaked_tasks()

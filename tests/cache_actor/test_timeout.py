@@ -4,7 +4,7 @@ import pytest
 
 from cache_actor import CacheActor, CacheConfig, ComputeTimeout, Outcome
 
-from .conftest import Gate, MakeActor, assert_stats, until
+from .conftest import Gate, MakeActor, Stuck, assert_stats, until
 
 
 async def test_caller_timeout_leaves_the_flight_running(cache: CacheActor[bytes]) -> None:
@@ -32,20 +32,12 @@ async def test_default_timeout_applies_when_none_is_given(make_actor: MakeActor)
 
 async def test_compute_deadline_cancels_and_fails_every_waiter(make_actor: MakeActor) -> None:
     cache = make_actor(CacheConfig(compute_deadline=0.02))
-    cancelled = asyncio.Event()
-
-    async def runaway() -> bytes:
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-        return b"never"
+    runaway = Stuck()
 
     lookups = [asyncio.ensure_future(cache.get("k", runaway, timeout=30)) for _ in range(3)]
     results = await asyncio.gather(*lookups, return_exceptions=True)
     assert all(isinstance(r, ComputeTimeout) and "deadline" in str(r) for r in results)
-    await cancelled.wait()
+    await runaway.cancelled.wait()
     assert_stats(cache, misses=1, coalesced=2, compute_timeouts=1, load_failures=1, flights=0)
 
     gate = Gate()
