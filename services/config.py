@@ -1,6 +1,8 @@
 """mmgate's settings: environment variables ``MMGATE_*`` (nested with ``__``), CLI flags override.
 
-MMGATE_PORT=50052 MMGATE_ENGINE__MAX_MODEL_LEN=4096 mmgate serve --engine.dtype bfloat16
+    MMGATE_PORT=50052 MMGATE_ENGINE__MAX_MODEL_LEN=4096 mmgate serve --engine.dtype bfloat16
+
+Each field's docstring is its help text in ``mmgate serve --help``.
 """
 
 from __future__ import annotations
@@ -8,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cache_actor import CacheConfig
@@ -21,35 +23,53 @@ MiB = 1024 * 1024
 class EngineSettings(BaseModel):
     """The vLLM engine arguments operators tune; anything else goes through ``extra``."""
 
-    # None: the embedded default model (SmolLM2-135M-Instruct), prepared on first start.
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     model: str | None = None
+    """Model folder or name; unset: the embedded SmolLM2-135M-Instruct, prepared on first start."""
     served_model_name: str | None = None
+    """The name reported to clients; unset: the model folder's name."""
     dtype: str = "bfloat16"
+    """Weights and activations dtype."""
     max_model_len: int = Field(2048, gt=0)
+    """Context window in tokens: prompt plus output."""
     max_num_seqs: int = Field(32, gt=0)
-    # None: the platform's default (128 tokens on CPU).
+    """Sequences the engine runs at once."""
     block_size: int | None = Field(None, gt=0)
+    """KV cache block size in tokens; unset: the platform's (128 on CPU)."""
     kv_cache_dtype: str = "auto"
+    """KV cache dtype."""
     enable_prefix_caching: bool = True
-    # Set explicitly: vLLM's CPU worker refuses to guess it from this machine's NUMA report.
+    """Reuse KV blocks of shared prompt prefixes."""
     kv_cache_memory_bytes: int | None = Field(1024 * MiB, gt=0)
+    """KV cache size; vLLM's CPU worker refuses to start without it."""
     tensor_parallel_size: int = Field(1, gt=0)
-    # Eager start is ~7 s against ~50 s of compilation redone on every start (docs/engine.md).
+    """Devices one model is split over."""
     enforce_eager: bool = True
+    """No graph compilation: ~7 s to start instead of ~50 s, recompiled on every start on CPU."""
     seed: int = 0
-    # Any other AsyncEngineArgs field, passed through as is: '{"swap_space": 2}'.
+    """The engine's random seed."""
     extra: dict[str, Any] = Field(default_factory=dict)
+    """Any other vLLM engine argument, as JSON: '{"swap_space": 2}'."""
 
 
 class CacheSettings(BaseModel):
     """The cache actor's budget and deadlines (see docs/cache_actor.md)."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     max_bytes: int = Field(512 * MiB, gt=0)
+    """Byte budget of the in-memory cache."""
     max_bytes_per_tenant: int | None = Field(None, gt=0)
+    """One tenant's budget; unset: the whole budget."""
     ttl_seconds: float | None = Field(None, gt=0)
+    """Drop entries older than this (memory hygiene)."""
     mailbox_size: int = Field(4096, gt=0)
+    """Queued lookups before the cache refuses with RESOURCE_EXHAUSTED."""
     compute_deadline: float = Field(60.0, gt=0)
+    """A cache computation (tokenizing, decoding) is cancelled after this."""
     stall_threshold: float = Field(10.0, gt=0)
+    """A computation older than this is logged with its stack."""
 
     def actor_config(self) -> CacheConfig:
         return CacheConfig(
@@ -69,26 +89,33 @@ class Settings(BaseSettings):
         cli_prog_name="mmgate serve",
         cli_kebab_case=True,
         cli_implicit_flags=True,
+        use_attribute_docstrings=True,
         extra="ignore",
     )
 
     host: str = "127.0.0.1"
+    """Address to listen on."""
     port: int = Field(50051, ge=0, le=65535)
-    # Where `mmgate models prepare` puts converted models (MMGATE_MODEL_CACHE).
+    """Port to listen on (0: any free port)."""
     model_cache: Path = Field(default_factory=default_model_cache)
+    """Where converted models live (MMGATE_MODEL_CACHE)."""
     engine: EngineSettings = Field(default_factory=EngineSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
-    # Requests: what is refused before the engine sees it.
     max_message_bytes: int = Field(4 * MiB, gt=0)
+    """Largest request; up to twice this gets INVALID_ARGUMENT, beyond that gRPC refuses it."""
     max_prompt_chars: int = Field(200_000, gt=0)
+    """Longest prompt, or all chat messages together, in characters."""
     max_chat_messages: int = Field(256, gt=0)
+    """Most chat messages in one request."""
     max_stop_strings: int = Field(16, gt=0)
-    # max_tokens of a request that sets none (less where the context window ends first).
+    """Most stop strings in one request."""
     default_max_tokens: int = Field(256, gt=0)
-    # Streams in progress beyond this get RESOURCE_EXHAUSTED at once.
+    """max_tokens of a request that sets none (less where the context window ends first)."""
     max_concurrent_requests: int = Field(256, gt=0)
-    # The deadline of a call whose client set none: no request waits unbounded.
+    """Requests in progress beyond this get RESOURCE_EXHAUSTED at once."""
     default_deadline_seconds: float = Field(300.0, gt=0)
-    # On SIGTERM: how long in-flight streams may finish before they are cancelled.
+    """Deadline of a call whose client set none: no request waits unbounded."""
     shutdown_grace_seconds: float = Field(10.0, ge=0)
+    """On SIGTERM: how long requests in progress may finish before they are cancelled."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Log level of mmgate's own loggers."""

@@ -156,14 +156,21 @@ class EngineUnavailable(RuntimeError):
 class EngineWorker:
     """Owns the ``AsyncLLM``: start, generate, abort, stats, close."""
 
-    def __init__(self, settings: EngineSettings, model: str) -> None:
+    def __init__(self, settings: EngineSettings, model: str | None = None) -> None:
         self.settings = settings
-        self.model_path = model
-        self.model_name = settings.served_model_name or model.rstrip("/").rsplit("/", 1)[-1]
+        self.model_path = ""
+        self.model_name = ""
+        if model is not None:
+            self.use_model(model)
         self._engine: AsyncLLM | None = None
         self._counters = _Counters()
         self._closed = False
         self.max_model_len = settings.max_model_len
+
+    def use_model(self, model: str) -> None:
+        """Serve ``model`` (a folder or a hub name); before start()."""
+        self.model_path = model
+        self.model_name = self.settings.served_model_name or model.rstrip("/").rsplit("/", 1)[-1]
 
     def engine_args(self) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -193,6 +200,8 @@ class EngineWorker:
         """Load the model and start the engine core (seconds to a minute)."""
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        if not self.model_path:
+            raise EngineUnavailable("no model to serve: call use_model() first")
         args = self.engine_args()
         factory = _stats_recorder_factory(self._counters)
         # Built in a thread so the loop keeps answering health checks meanwhile; with no loop

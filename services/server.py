@@ -1,7 +1,7 @@
 """The grpc.aio server: services, health, reflection, start-up and graceful shutdown.
 
     start:    cache actor ─▶ gRPC port open (health NOT_SERVING, liveness SERVING)
-              ─▶ model prepared ─▶ engine started ─▶ health SERVING
+              ─▶ model prepared (in a thread) ─▶ engine started (in a thread) ─▶ health SERVING
     running:  a monitor pings the actor and checks the engine every second; health follows
     SIGTERM:  health NOT_SERVING ─▶ new calls refused (UNAVAILABLE) ─▶ in-flight calls get the
               grace period ─▶ the rest cancelled ─▶ shared-response producers, engine and actor
@@ -57,7 +57,7 @@ class MmgateServer:
     def __init__(self, settings: Settings, *, model: str | None = None) -> None:
         self.settings = settings
         self.cache: CacheActor[Any] = CacheActor(settings.cache.actor_config())
-        self.engine = EngineWorker(settings.engine, model or resolve_model(settings))
+        self.engine = EngineWorker(settings.engine, model)
         self.health = HealthServicer()
         self.inference = InferenceServicer(settings, self.engine, self.cache)
         self.server = grpc.aio.server(
@@ -96,6 +96,9 @@ class MmgateServer:
         await self.health.set(LIVENESS, SERVING)
         await self.server.start()
         log.info("listening on %s:%d; starting the engine", self.settings.host, self.port)
+        if not self.engine.model_path:
+            # the first start converts the embedded default model (~20 s): off the loop
+            self.engine.use_model(await asyncio.to_thread(resolve_model, self.settings))
         await self.engine.start()
         await self._update_health()
         self._monitor = asyncio.create_task(self._watch(), name="mmgate-health")

@@ -41,6 +41,8 @@ class RunningServer:
     port: int
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
+    # health of "" as seen from the moment the port opened until SERVING
+    startup_statuses: list[int] = field(default_factory=list)
 
     @property
     def target(self) -> str:
@@ -112,6 +114,7 @@ def wait_serving(server: RunningServer) -> None:
                 health_pb2.HealthCheckRequest(service=""), timeout=START_TIMEOUT
             )
             for update in stream:
+                server.startup_statuses.append(update.status)
                 if update.status == health_pb2.HealthCheckResponse.SERVING:
                     stream.cancel()
                     return

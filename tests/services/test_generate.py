@@ -71,3 +71,21 @@ async def test_greedy_is_repeatable_and_seeded_sampling_too(client: MmgateClient
         for _ in range(2)
     ]
     assert seeded[0].token_ids == seeded[1].token_ids
+
+
+async def test_sync_client(server: object) -> None:
+    from services.client import SyncClient
+
+    from .conftest import RunningServer
+
+    assert isinstance(server, RunningServer)
+
+    def ask() -> tuple[str, str, int]:
+        with SyncClient(server.target, timeout=60) as sync:
+            streamed = "".join(sync.stream_text("Hi", max_tokens=6, temperature=0.0))
+            complete = sync.complete("Hi", max_tokens=6, temperature=0.0)
+            return streamed, complete.text, sync.stats().engine.requests
+
+    streamed, completed, requests = await asyncio.to_thread(ask)
+    assert streamed == completed
+    assert requests > 0

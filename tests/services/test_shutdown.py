@@ -28,6 +28,9 @@ def children_of(pid: int) -> set[int]:
 
 async def test_sigterm_drains_and_exits(tiny_model: str, tmp_path: Path) -> None:
     server = start_server(tmp_path, tiny_model, MMGATE_SHUTDOWN_GRACE_SECONDS="60")
+    # the port opens before the engine is ready: NOT_SERVING first, then SERVING
+    assert server.startup_statuses[0] == _NOT_SERVING
+    assert server.startup_statuses[-1] == 1  # SERVING
     assert children_of(server.process.pid)  # the engine core runs in a child process
     async with MmgateClient(server.target, timeout=120) as client:
         request = build_request("Drain me", max_tokens=300, ignore_eos=True, temperature=0.0)
