@@ -12,8 +12,9 @@ seconds, and unit tests, the CLI client and the cache actor never need it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, final
 
@@ -235,7 +236,7 @@ class EngineWorker:
         prompt_token_ids: list[int],
         sampling: Sampling,
         trace_headers: Mapping[str, str] | None = None,
-    ) -> AsyncIterator[EngineDelta]:
+    ) -> AsyncGenerator[EngineDelta, None]:
         """Stream one request's new tokens; leaving early aborts it in the engine."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -263,21 +264,24 @@ class EngineWorker:
             },
         )
         finished = False
+        outputs = engine.generate(
+            TokensPrompt(prompt_token_ids=prompt_token_ids),
+            params,
+            request_id,
+            trace_headers=trace_headers,
+        )
         try:
-            async for output in engine.generate(
-                TokensPrompt(prompt_token_ids=prompt_token_ids),
-                params,
-                request_id,
-                trace_headers=trace_headers,
-            ):
-                completion = output.outputs[0]
-                finished = output.finished
-                yield EngineDelta(
-                    text=completion.text,
-                    token_ids=tuple(completion.token_ids),
-                    finish_reason=completion.finish_reason if finished else None,
-                    num_cached_tokens=output.num_cached_tokens or 0,
-                )
+            # aclosing: leaving early closes vLLM's generator now, which aborts the request
+            async with contextlib.aclosing(outputs):
+                async for output in outputs:
+                    completion = output.outputs[0]
+                    finished = output.finished
+                    yield EngineDelta(
+                        text=completion.text,
+                        token_ids=tuple(completion.token_ids),
+                        finish_reason=completion.finish_reason if finished else None,
+                        num_cached_tokens=output.num_cached_tokens or 0,
+                    )
         finally:
             if not finished:
                 # vLLM's iterator aborts on cancellation itself (aborted requests never reach its

@@ -17,11 +17,12 @@ aborts the engine request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any, final
 
 import grpc
@@ -77,21 +78,26 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.GenerateResponse]:
-        async for event in self._serve(request, context):
-            yield event
+    ) -> None:
+        # Written with context.write() and aclosing() rather than by yielding: when the client
+        # leaves, the cancellation then closes every generator down to vLLM's at once (its close
+        # aborts the engine request), instead of whenever garbage collection finalizes them.
+        async with contextlib.aclosing(self._serve(request, context)) as events:
+            async for event in events:
+                await context.write(event)
 
     async def Complete(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> pb.CompleteResponse:
         response = pb.CompleteResponse()
         texts: list[str] = []
-        async for event in self._serve(request, context):
-            if event.HasField("delta"):
-                texts.append(event.delta.text)
-                response.token_ids.extend(event.delta.token_ids)
-            else:
-                response.final.CopyFrom(event.final)
+        async with contextlib.aclosing(self._serve(request, context)) as events:
+            async for event in events:
+                if event.HasField("delta"):
+                    texts.append(event.delta.text)
+                    response.token_ids.extend(event.delta.token_ids)
+                else:
+                    response.final.CopyFrom(event.final)
         response.text = "".join(texts)
         return response
 
@@ -123,7 +129,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
     async def _serve(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.GenerateResponse]:
+    ) -> AsyncGenerator[pb.GenerateResponse, None]:
         if self.draining:
             await abort(
                 context,
@@ -147,8 +153,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         )
         error: ServiceError | None = None
         try:
-            async with asyncio.timeout_at(_loop_time(deadline)):
-                async for event in self._generate(request, context, deadline):
+            async with (
+                asyncio.timeout_at(_loop_time(deadline)),
+                contextlib.aclosing(self._generate(request, context, deadline)) as events,
+            ):
+                async for event in events:
                     yield event
         except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
             error = from_exception(exc)
@@ -164,7 +173,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         request: pb.GenerateRequest,
         context: grpc.aio.ServicerContext,
         deadline: float,
-    ) -> AsyncIterator[pb.GenerateResponse]:
+    ) -> AsyncGenerator[pb.GenerateResponse, None]:
         if not self.engine.ready:
             raise EngineUnavailable("the engine is not ready")
         checked = validate(request, self.settings, max_model_len=self.engine.max_model_len)
@@ -188,13 +197,14 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
         completion_tokens = 0
         last = EngineDelta("", ())
-        async for delta in stream:
-            completion_tokens += len(delta.token_ids)
-            last = delta
-            if delta.text or delta.token_ids:
-                yield pb.GenerateResponse(
-                    delta=pb.TokenDelta(text=delta.text, token_ids=delta.token_ids)
-                )
+        async with contextlib.aclosing(stream) as deltas:
+            async for delta in deltas:
+                completion_tokens += len(delta.token_ids)
+                last = delta
+                if delta.text or delta.token_ids:
+                    yield pb.GenerateResponse(
+                        delta=pb.TokenDelta(text=delta.text, token_ids=delta.token_ids)
+                    )
         cached_prompt_tokens = 0 if from_cache else last.num_cached_tokens
         yield pb.GenerateResponse(
             final=pb.GenerateFinal(
@@ -272,7 +282,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         deadline: float,
         trace_headers: Mapping[str, str],
         lookups: list[pb.CacheLookup],
-    ) -> tuple[AsyncIterator[EngineDelta], bool]:
+    ) -> tuple[AsyncGenerator[EngineDelta, None], bool]:
         payload = {"prompt": list(prompt.token_ids), "sampling": dataclasses.asdict(sampling)}
         key = cache_key(self.engine.model_name, "response", payload)
 
@@ -310,13 +320,17 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         """Run the engine once for every request sharing this response."""
         error: BaseException | None = None
         try:
-            async with asyncio.timeout(self.settings.default_deadline_seconds):
-                async for delta in self.engine.generate(
-                    f"shared-{uuid.uuid4().hex}",
-                    list(prompt.token_ids),
-                    sampling,
-                    trace_headers or None,
-                ):
+            run = self.engine.generate(
+                f"shared-{uuid.uuid4().hex}",
+                list(prompt.token_ids),
+                sampling,
+                trace_headers or None,
+            )
+            async with (
+                asyncio.timeout(self.settings.default_deadline_seconds),
+                contextlib.aclosing(run) as deltas,
+            ):
+                async for delta in deltas:
                     recording.append(delta)
         except BaseException as exc:  # noqa: BLE001 - the listeners must learn of any end
             error = exc

@@ -11,7 +11,7 @@ so the next request generates afresh.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import final
 
 from .engine import EngineDelta
@@ -43,7 +43,7 @@ class ResponseRecording:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def replay(self) -> AsyncIterator[EngineDelta]:
+    async def replay(self) -> AsyncGenerator[EngineDelta, None]:
         """Every delta from the first; waits for new ones until the run ends."""
         index = 0
         while True:

@@ -1,0 +1,738 @@
+"""What mmgate's gRPC front costs against vLLM's ``AsyncLLM`` used in-process, measured in one run.
+
+    python -m bench.service [--requests-per-level N] [--cache-policy bypass|prompt|both]
+    python -m bench.service --compare-compilation      (in-process only: eager vs compiled)
+                                                        (make bench-service)
+
+Contenders, run one after the other (never two engines at once), each on its own fresh engine
+with the same arguments: ``EngineWorker(Settings().engine, model).engine_args()``, i.e. mmgate's
+defaults (bf16, max_model_len 2048, max_num_seqs 32, 1 GiB of KV cache, enforce_eager):
+  in-process   ``AsyncLLM.from_engine_args`` in this process; each request renders the chat
+               template and tokenizes (as mmgate does) and passes the ids as a ``TokensPrompt``,
+               SamplingParams(max_tokens=64, temperature=0, ignore_eos=True, DELTA outputs)
+  mmgate       a real ``mmgate serve`` child process, called over loopback gRPC by
+               ``MmgateClient.generate`` with ``build_request(prompt, max_tokens=64,
+               temperature=0.0, ignore_eos=True, cache_policy=...)``; ``bypass`` keeps the cache
+               actor out of the way, the default policy ``prompt`` sends every request through
+               an actor flight (each prompt is new, so each is a miss: render + tokenize + store)
+
+Load: for each concurrency level (1, 4, 16), a closed loop: N workers, each sending its next
+request as soon as its last one finished, until the level's requests are done. Every request
+has its own prompt ("Question {i} (tag): tell me about topic {i}."), the same list for every
+contender, so vLLM's prefix cache helps both sides alike; every contender first serves
+``--warmup`` requests at the highest level's concurrency that are not measured. Per level:
+  throughput   output tokens of all the level's requests / the level's wall time
+  TTFT         from the moment the client starts a request (render or build it, send it) to
+               the first token delta it receives; p50 and p99 over the level's requests
+
+ratios: mmgate tok/s / in-process tok/s (below 1: mmgate is slower); TTFT: mmgate's p50 minus
+in-process's in ms, and their ratio. Goals: mmgate >= 0.95x in-process throughput at every
+level, and TTFT p50 at concurrency 1 within 3 ms of in-process. Also printed, to tell where
+mmgate's time goes: the prompt stage's time (in-process: timed around its inline render;
+mmgate: as the server reports it in GenerateFinal.cache.lookups), and the CPU time per request
+of the processes outside vLLM's engine core (in-process: this one; mmgate: this one, the client,
+and the server's main process, read from /proc): with few cores, that CPU is the engine's loss.
+Every output is checked to hold 64 tokens, and the same prompts' tokens are compared. Each level
+also records how much of the machine's CPU went to other processes than this one and its
+descendants, and to the hypervisor (steal): a level above 3% is flagged as disturbed, since on a
+small shared machine that moves the figures by more than the goals' margins.
+
+--compare-compilation measures the in-process contender alone, once with enforce_eager=True
+and once with vLLM's default compilation (enforce_eager=False): engine start time, warm-up time
+and throughput at concurrency 1 and 16, printed as compiled / eager ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+from grpc_health.v1 import health_pb2
+
+from services.client import MmgateClient, build_request
+from services.config import EngineSettings, Settings
+from services.engine import EngineWorker
+from services.server import resolve_model
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+ROOT = Path(__file__).resolve().parents[1]
+LEVELS = (1, 4, 16)
+MAX_TOKENS = 64
+START_TIMEOUT = 300.0
+STOP_TIMEOUT = 90.0
+# a level during which other processes or the hypervisor took more of the CPU is flagged
+DISTURBED = 0.03
+# the same for this process (in-process engine) and the server it starts; the caller's own
+# values of these win
+ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_LOGGING_LEVEL": "WARNING"}
+
+
+def prompt_text(i: int, tag: str) -> str:
+    return f"Question {i} ({tag}): tell me about topic {i}."
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between the closest ranks (numpy's default)."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    rank = (len(ordered) - 1) * q
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    ttft: float  # seconds
+    token_ids: tuple[int, ...]
+    # render + tokenize: in-process, timed here; mmgate, its prompt stage as the server reports
+    # it (GenerateFinal.cache.lookups[stage=prompt].wait_ms; through the actor for "prompt")
+    prompt_ms: float | None = None
+
+
+@dataclass
+class Level:
+    concurrency: int
+    wall: float
+    samples: dict[int, Sample] = field(default_factory=dict)
+    # CPU seconds the level took in each process outside the engine core (see cpu_seconds)
+    cpu: dict[str, float] = field(default_factory=dict)
+    # share of the machine's CPU time that went to processes other than this one and its
+    # descendants (the engines and the server), and to the hypervisor (steal): disturbance
+    others: float = float("nan")
+    steal: float = float("nan")
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.samples.values())
+
+    @property
+    def throughput(self) -> float:
+        return self.tokens / self.wall
+
+    def ttft_ms(self, q: float) -> float:
+        return percentile([s.ttft for s in self.samples.values()], q) * 1000
+
+    def prompt_ms(self, q: float) -> float:
+        times = [s.prompt_ms for s in self.samples.values() if s.prompt_ms is not None]
+        return percentile(times, q)
+
+    def cpu_ms_per_request(self) -> dict[str, float]:
+        return {name: seconds * 1000 / len(self.samples) for name, seconds in self.cpu.items()}
+
+
+Send = Callable[[int], Awaitable[Sample]]
+CpuClock = Callable[[], dict[str, float]]
+
+
+def _stat_fields(pid: int | str) -> list[str]:
+    """/proc/PID/stat from the state on (field 3): ppid is [1], utime [11], stime [12]."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process, all its threads, not its children (Linux)."""
+    fields = _stat_fields(pid)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True, slots=True)
+class MachineTimes:
+    busy: float  # CPU seconds the whole machine spent busy (user, nice, system, irq, softirq)
+    steal: float  # taken by the hypervisor
+    ours: float  # spent by this process and all its descendants
+
+    @staticmethod
+    def now() -> MachineTimes | None:
+        """None where /proc does not tell (not Linux)."""
+        try:
+            ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+            parents: dict[int, int] = {}
+            cpu: dict[int, int] = {}
+            for entry in Path("/proc").iterdir():
+                if entry.name.isdigit():
+                    try:
+                        fields = _stat_fields(entry.name)
+                    except OSError:  # gone meanwhile
+                        continue
+                    parents[int(entry.name)] = int(fields[1])
+                    cpu[int(entry.name)] = int(fields[11]) + int(fields[12])
+        except OSError:
+            return None
+        ours = {os.getpid()}
+        grew = True
+        while grew:
+            found = {pid for pid, parent in parents.items() if parent in ours} - ours
+            ours |= found
+            grew = bool(found)
+        hz = os.sysconf("SC_CLK_TCK")
+        busy = ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6]
+        return MachineTimes(busy / hz, ticks[7] / hz, sum(cpu[pid] for pid in ours) / hz)
+
+
+async def closed_loop(
+    send: Send, concurrency: int, indices: Sequence[int], cpu_clock: CpuClock | None = None
+) -> Level:
+    """``concurrency`` workers, each sending its next request when its last one is done."""
+    pending = iter(indices)  # shared: one event loop, so no two workers take the same index
+    samples: dict[int, Sample] = {}
+
+    async def worker() -> None:
+        for i in pending:
+            samples[i] = await send(i)
+
+    cpu_before = cpu_clock() if cpu_clock is not None else {}
+    machine_before = MachineTimes.now()
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    level = Level(concurrency, time.perf_counter() - started, samples)
+    if cpu_clock is not None:
+        level.cpu = {name: t - cpu_before[name] for name, t in cpu_clock().items()}
+    machine_after = MachineTimes.now()
+    if machine_before is not None and machine_after is not None:
+        capacity = level.wall * (os.cpu_count() or 1)
+        others = (machine_after.busy - machine_before.busy) - (
+            machine_after.ours - machine_before.ours
+        )
+        level.others = max(0.0, others) / capacity
+        level.steal = (machine_after.steal - machine_before.steal) / capacity
+    short = [i for i, s in samples.items() if len(s.token_ids) != MAX_TOKENS]
+    if short:
+        raise RuntimeError(f"requests {short} did not produce {MAX_TOKENS} tokens")
+    return level
+
+
+def level_indices(concurrency: int, requests: int) -> list[int]:
+    """The prompt numbers of one level: the same for every contender, distinct across levels."""
+    return list(range(concurrency * 100_000, concurrency * 100_000 + requests))
+
+
+def requests_for(concurrency: int, per_level: int | None) -> int:
+    # 6 rounds of the closed loop, so a level is not one batch starting and ending
+    return per_level if per_level is not None else max(24, 6 * concurrency)
+
+
+# ── contenders ──────────────────────────────────────────────────────────────────────────────
+
+
+class InProcess:
+    """vLLM's AsyncLLM in this process, with mmgate's engine arguments."""
+
+    def __init__(self, settings: EngineSettings, model: str) -> None:
+        self.settings = settings
+        self.model = model
+        self._engine: AsyncLLM | None = None
+        self.tag = "a"
+
+    @property
+    def name(self) -> str:
+        return "in-process"
+
+    @property
+    def engine(self) -> AsyncLLM:
+        assert self._engine is not None, "not started"
+        return self._engine
+
+    async def start(self) -> float:
+        """Start the engine; seconds it took."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = EngineWorker(self.settings, self.model).engine_args()
+        started = time.perf_counter()
+        self._engine = AsyncLLM.from_engine_args(args)
+        elapsed = time.perf_counter() - started
+        self.tokenizer = self._engine.get_tokenizer()
+        self.params = SamplingParams(
+            max_tokens=MAX_TOKENS,
+            temperature=0.0,
+            ignore_eos=True,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        return elapsed
+
+    def render(self, text: str) -> list[int]:
+        """The chat template, then the tokenizer: what mmgate's prompt stage does."""
+        messages = [{"role": "user", "content": text}]
+        chat = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
+        return [int(t) for t in self.tokenizer(chat, add_special_tokens=False)["input_ids"]]
+
+    async def send(self, i: int) -> Sample:
+        from vllm.inputs import TokensPrompt
+
+        started = time.perf_counter()
+        ids = self.render(prompt_text(i, self.tag))
+        rendered = time.perf_counter()
+        first: float | None = None
+        tokens: list[int] = []
+        async for output in self.engine.generate(
+            TokensPrompt(prompt_token_ids=ids), self.params, f"bench-{uuid.uuid4().hex}"
+        ):
+            new = output.outputs[0].token_ids
+            if new and first is None:
+                first = time.perf_counter()
+            tokens.extend(new)
+        assert first is not None, "no tokens"
+        return Sample(first - started, tuple(tokens), (rendered - started) * 1000)
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """This process: the load generator and AsyncLLM's front end (the engine core is not)."""
+        return {"process": time.process_time()}
+
+    async def close(self) -> None:
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            engine.shutdown()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Mmgate:
+    """``mmgate serve`` in a child process with default settings, over loopback gRPC."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.port = free_port()
+        self.policy = "bypass"
+        self.tag = "a"
+        self._process: asyncio.subprocess.Process | None = None
+        self._client: MmgateClient | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def name(self) -> str:
+        return f"mmgate ({self.policy})"
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> str:
+        return self._log.name if self._log is not None else ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        text = Path(self.log_path).read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    async def start(self) -> float:
+        """Start the server; seconds until its health says SERVING."""
+        env = {**ENV, **os.environ}
+        env.update(
+            {
+                "MMGATE_HOST": "127.0.0.1",
+                "MMGATE_PORT": str(self.port),
+                "MMGATE_ENGINE__MODEL": self.model,
+                "MMGATE_LOG_LEVEL": "INFO",
+            }
+        )
+        self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept open while it runs
+            prefix="mmgate-bench-", suffix=".log", delete=False
+        )
+        started = time.perf_counter()
+        self._process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "services.cli",
+            "serve",
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self._client = MmgateClient(self.target, timeout=START_TIMEOUT)
+        await self._wait_serving(self._process)
+        return time.perf_counter() - started
+
+    async def _wait_serving(self, process: asyncio.subprocess.Process) -> None:
+        """Until health's Watch stream says SERVING, or the server exits (no polling)."""
+        assert self._client is not None
+
+        async def serving() -> None:
+            assert self._client is not None
+            stream = self._client.health_stub.Watch(
+                health_pb2.HealthCheckRequest(service=""),
+                timeout=START_TIMEOUT,
+                wait_for_ready=True,
+            )
+            async for update in stream:
+                if update.status == health_pb2.HealthCheckResponse.SERVING:
+                    stream.cancel()
+                    return
+            raise RuntimeError("the health stream ended before SERVING")
+
+        watch = asyncio.ensure_future(serving())
+        exited = asyncio.ensure_future(process.wait())
+        done, _ = await asyncio.wait(
+            {watch, exited}, timeout=START_TIMEOUT, return_when=asyncio.FIRST_COMPLETED
+        )
+        if watch in done and watch.exception() is None:
+            exited.cancel()
+            return
+        watch.cancel()
+        exited.cancel()
+        await asyncio.gather(watch, exited, return_exceptions=True)
+        reason = (
+            f"exited with {process.returncode}"
+            if process.returncode is not None
+            else f"not serving after {START_TIMEOUT:.0f} s"
+            if not done
+            else repr(watch.exception())
+        )
+        await self.close()
+        raise RuntimeError(f"mmgate serve {reason}:\n{self.log_tail()}")
+
+    async def send(self, i: int) -> Sample:
+        assert self._client is not None
+        started = time.perf_counter()
+        request = build_request(
+            prompt_text(i, self.tag),
+            max_tokens=MAX_TOKENS,
+            temperature=0.0,
+            ignore_eos=True,
+            cache_policy=self.policy,
+        )
+        first: float | None = None
+        tokens: list[int] = []
+        prompt_ms: float | None = None
+        async for event in self._client.generate(request):
+            if event.HasField("delta"):
+                if first is None:
+                    first = time.perf_counter()
+                tokens.extend(event.delta.token_ids)
+            else:
+                for lookup in event.final.cache.lookups:
+                    if lookup.stage == "prompt":
+                        prompt_ms = lookup.wait_ms
+        assert first is not None, "no tokens"
+        return Sample(first - started, tuple(tokens), prompt_ms)
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """This process (the load generator and gRPC client) and the server's main process."""
+        assert self._process is not None
+        return {"client": time.process_time(), "server": process_cpu_seconds(self._process.pid)}
+
+    async def close(self) -> int | None:
+        """SIGTERM, then wait for the server's own clean exit; its exit code."""
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.close()
+        code: int | None = None
+        if self._process is not None:
+            process, self._process = self._process, None
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+            try:
+                code = await asyncio.wait_for(process.wait(), STOP_TIMEOUT)
+            except TimeoutError:
+                os.killpg(process.pid, signal.SIGKILL)
+                code = await process.wait()
+                print(f"mmgate ignored SIGTERM for {STOP_TIMEOUT:.0f} s; killed", file=sys.stderr)
+        if self._log is not None:
+            self._log.close()
+        return code
+
+
+async def warm_up(send: Send, count: int, concurrency: int) -> float:
+    """``count`` requests, ``concurrency`` at a time, not measured; seconds they took.
+
+    At the highest level's concurrency: whatever grows with concurrency (thread pools, vLLM's
+    pool of tokenizer copies) has grown before the measurements.
+    """
+    started = time.perf_counter()
+    await closed_loop(send, max(1, min(concurrency, count)), range(-count, 0))
+    return time.perf_counter() - started
+
+
+async def run_levels(
+    send: Send, cpu_clock: CpuClock, levels: Sequence[int], per_level: int | None, label: str
+) -> dict[int, Level]:
+    results: dict[int, Level] = {}
+    for c in levels:
+        indices = level_indices(c, requests_for(c, per_level))
+        level = await closed_loop(send, c, indices, cpu_clock)
+        results[c] = level
+        print(
+            f"  {label:<21} c={c:<3} {len(level.samples):>3} requests  {level.wall:6.1f} s  "
+            f"{level.throughput:7.1f} tok/s  TTFT p50 {level.ttft_ms(0.5):7.1f} ms  "
+            f"(other load {level.others:.0%}, steal {level.steal:.0%})",
+            flush=True,
+        )
+    return results
+
+
+# ── the comparison ──────────────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class Run:
+    name: str
+    tag: str  # the prompts' tag: runs with the same tag served the same prompts
+    start_s: float
+    warmup_s: float
+    levels: dict[int, Level]
+
+
+async def measure_in_process(
+    settings: EngineSettings, model: str, levels: Sequence[int], per_level: int | None, warm: int
+) -> Run:
+    contender = InProcess(settings, model)
+    label = f"in-process{'' if settings.enforce_eager else ' (compiled)'}"
+    try:
+        start_s = await contender.start()
+        print(f"  {label:<21} engine started in {start_s:.1f} s", flush=True)
+        warmup_s = await warm_up(contender.send, warm, max(levels))
+        results = await run_levels(contender.send, contender.cpu_seconds, levels, per_level, label)
+    finally:
+        await contender.close()
+    return Run(label, contender.tag, start_s, warmup_s, results)
+
+
+async def measure_mmgate(
+    model: str, policies: Sequence[str], levels: Sequence[int], per_level: int | None, warm: int
+) -> list[Run]:
+    contender = Mmgate(model)
+    runs: list[Run] = []
+    try:
+        start_s = await contender.start()
+        print(f"  mmgate serving in {start_s:.1f} s (log: {contender.log_path})", flush=True)
+        for n, policy in enumerate(policies):
+            contender.policy = policy
+            # a second policy gets its own prompts: its engine has seen the first one's
+            contender.tag = "a" if n == 0 else "b"
+            warmup_s = await warm_up(contender.send, warm, max(levels))
+            results = await run_levels(
+                contender.send, contender.cpu_seconds, levels, per_level, contender.name
+            )
+            runs.append(Run(contender.name, contender.tag, start_s, warmup_s, results))
+    finally:
+        code = await contender.close()
+    print(f"  mmgate stopped on SIGTERM, exit code {code}", flush=True)
+    return runs
+
+
+def same_outputs(a: Run, b: Run) -> tuple[int, int]:
+    """Requests of the same prompt that gave the same tokens (greedy, same seed)."""
+    same = total = 0
+    if a.tag != b.tag:
+        return 0, 0
+    for c, level in a.levels.items():
+        for i, sample in level.samples.items():
+            other = b.levels[c].samples.get(i)
+            if other is not None:
+                total += 1
+                same += other.token_ids == sample.token_ids
+    return same, total
+
+
+def report_disturbed(runs: Sequence[Run]) -> None:
+    disturbed = [
+        f"{run.name} c={c} ({level.others:.0%} other load, {level.steal:.0%} steal)"
+        for run in runs
+        for c, level in run.levels.items()
+        if level.others + level.steal > DISTURBED
+    ]
+    if disturbed:
+        print(f"disturbed (over {DISTURBED:.0%} of the machine's CPU went to other processes or")
+        print("the hypervisor; rerun before trusting these): " + "; ".join(disturbed))
+
+
+def report(base: Run, others: Sequence[Run], levels: Sequence[int]) -> None:
+    """Per level: each contender's figures, then each mmgate row against in-process."""
+    print()
+    print(
+        f"{'level':<7}{'contender':<18}{'requests':>9}{'tok/s':>10}"
+        f"{'TTFT p50 ms':>20}{'TTFT p99 ms':>20}"
+    )
+    for c in levels:
+        b = base.levels[c]
+        for n, run in enumerate([base, *others]):
+            level = run.levels[c]
+            print(
+                f"{f'c={c}' if n == 0 else '':<7}{run.name:<18}{len(level.samples):>9}"
+                f"{level.throughput:>10.1f}{level.ttft_ms(0.5):>20.1f}{level.ttft_ms(0.99):>20.1f}"
+            )
+        for run in others:
+            m = run.levels[c]
+            ttft = [
+                f"{m.ttft_ms(q) - b.ttft_ms(q):+.1f} ms ({m.ttft_ms(q) / b.ttft_ms(q):.2f}x)"
+                for q in (0.5, 0.99)
+            ]
+            label = f"{run.name.removeprefix('mmgate ')} / in-proc"
+            print(
+                f"{'':<7}{label:<18}{'':>9}{f'{m.throughput / b.throughput:.3f}x':>10}"
+                f"{ttft[0]:>20}{ttft[1]:>20}"
+            )
+    print()
+    print("where the time goes, per level:")
+    print("  prompt stage ms p50/p99: chat template + tokenize (in-process: inline, before")
+    print("    generate; mmgate: as its server reports it, in a thread, through the cache actor")
+    print("    for 'prompt')")
+    cores = os.cpu_count()
+    print(f"  CPU ms per request outside the engine core ({cores} cores: the engine's loss):")
+    print("    in-process: this process; mmgate: this process (client) + the server's")
+    for c in levels:
+        for n, run in enumerate([base, *others]):
+            level = run.levels[c]
+            cpu = " + ".join(f"{ms:.1f} {name}" for name, ms in level.cpu_ms_per_request().items())
+            print(
+                f"{f'c={c}' if n == 0 else '':<7}{run.name:<18}"
+                f"  prompt stage {level.prompt_ms(0.5):5.2f} / {level.prompt_ms(0.99):6.2f} ms"
+                f"    CPU {sum(level.cpu_ms_per_request().values()):6.1f} ms ({cpu})"
+            )
+    print()
+    report_disturbed([base, *others])
+    for run in others:
+        same, total = same_outputs(base, run)
+        if total:
+            print(f"{run.name}: {same}/{total} requests gave the same tokens as in-process")
+    starts = {r.name.split(" ")[0]: r.start_s for r in (base, *others)}
+    print(
+        "engine start: "
+        + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in starts.items())
+        + " (mmgate: from spawning the process to health SERVING)"
+    )
+    print()
+    for run in others:
+        worst = min(levels, key=lambda c: run.levels[c].throughput / base.levels[c].throughput)
+        ratio = run.levels[worst].throughput / base.levels[worst].throughput
+        goal = f"{run.name}: >= 0.95x in-process throughput at every level"
+        verdict = "met" if ratio >= 0.95 else "NOT MET"
+        print(f"goal: {goal:<62} {ratio:6.3f}x at c={worst:<3} {verdict}")
+        if 1 in run.levels:
+            delta = run.levels[1].ttft_ms(0.5) - base.levels[1].ttft_ms(0.5)
+            goal = f"{run.name}: TTFT p50 at c=1 within 3 ms of in-process"
+            verdict = "met" if delta <= 3 else "NOT MET"
+            print(f"goal: {goal:<62} {delta:+6.2f} ms       {verdict}")
+
+
+def report_compilation(eager: Run, compiled: Run, levels: Sequence[int]) -> None:
+    print()
+    print(f"{'in-process':<28}{'eager':>12}{'compiled':>12}{'compiled/eager':>16}")
+    rows: list[tuple[str, float, float]] = [
+        ("engine start (s)", eager.start_s, compiled.start_s),
+        ("warm-up requests (s)", eager.warmup_s, compiled.warmup_s),
+    ]
+    for c in levels:
+        e, k = eager.levels[c], compiled.levels[c]
+        rows.append((f"c={c} tok/s", e.throughput, k.throughput))
+        rows.append((f"c={c} TTFT p50 (ms)", e.ttft_ms(0.5), k.ttft_ms(0.5)))
+    for name, a, b in rows:
+        print(f"{name:<28}{a:>12.1f}{b:>12.1f}{b / a:>15.2f}x")
+    print()
+    report_disturbed([eager, compiled])
+    same, total = same_outputs(eager, compiled)
+    print(f"compiled: {same}/{total} requests gave the same tokens as eager")
+
+
+async def main(args: argparse.Namespace) -> None:
+    for name, value in ENV.items():
+        os.environ.setdefault(name, value)
+    settings = Settings()
+    model = resolve_model(settings)
+    started = time.perf_counter()
+    if args.compare_compilation:
+        levels = args.levels or [1, 16]
+        print(f"model {model}; in-process, eager then compiled; levels {levels}", flush=True)
+        eager = await measure_in_process(
+            settings.engine.model_copy(update={"enforce_eager": True}),
+            model,
+            levels,
+            args.requests_per_level,
+            args.warmup,
+        )
+        compiled = await measure_in_process(
+            settings.engine.model_copy(update={"enforce_eager": False}),
+            model,
+            levels,
+            args.requests_per_level,
+            args.warmup,
+        )
+        report_compilation(eager, compiled, levels)
+    else:
+        levels = args.levels or list(LEVELS)
+        policies = ["bypass", "prompt"] if args.cache_policy == "both" else [args.cache_policy]
+        e = settings.engine
+        print(
+            f"model {model}; engine: {e.dtype}, max_model_len {e.max_model_len}, "
+            f"max_num_seqs {e.max_num_seqs}, kv_cache_memory_bytes {e.kv_cache_memory_bytes}, "
+            f"enforce_eager {e.enforce_eager}; levels {levels}; {MAX_TOKENS} tokens per request",
+            flush=True,
+        )
+
+        async def in_process() -> list[Run]:
+            return [
+                await measure_in_process(e, model, levels, args.requests_per_level, args.warmup)
+            ]
+
+        async def mmgate() -> list[Run]:
+            return await measure_mmgate(
+                model, policies, levels, args.requests_per_level, args.warmup
+            )
+
+        order = [mmgate, in_process] if args.mmgate_first else [in_process, mmgate]
+        runs = [run for measure in order for run in await measure()]
+        base = next(r for r in runs if r.name == "in-process")
+        report(base, [r for r in runs if r is not base], levels)
+    print(f"\nwhole run: {time.perf_counter() - started:.0f} s")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument(
+        "--requests-per-level",
+        type=int,
+        default=None,
+        help="requests measured at each level (default: max(24, 6 x concurrency))",
+    )
+    parser.add_argument(
+        "--levels", type=int, nargs="+", default=None, help="concurrency levels (default 1 4 16)"
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=16,
+        help="unmeasured requests first, at the highest level's concurrency (default 16)",
+    )
+    parser.add_argument(
+        "--cache-policy",
+        choices=["bypass", "prompt", "both"],
+        default="both",
+        help="mmgate's cache policy: bypass (no cache actor), prompt (mmgate's default), both",
+    )
+    parser.add_argument(
+        "--mmgate-first", action="store_true", help="measure mmgate before in-process"
+    )
+    parser.add_argument(
+        "--compare-compilation",
+        action="store_true",
+        help="in-process only: enforce_eager=True vs vLLM's compilation (levels 1 16)",
+    )
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))
