@@ -136,7 +136,7 @@ def server(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     running = start_server(
         tmp_path_factory.mktemp("logs"),
         tiny_model,
-        MMGATE_MAX_CONCURRENT_REQUESTS="24",
+        MMGATE_MAX_CONCURRENT_REQUESTS="16",
     )
     yield running
     assert running.stop() == 0, running.log()

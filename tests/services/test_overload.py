@@ -1,4 +1,4 @@
-"""Beyond max_concurrent_requests (24 in the test server) a call gets RESOURCE_EXHAUSTED at once."""
+"""Beyond max_concurrent_requests (16 in the test server) a call gets RESOURCE_EXHAUSTED at once."""
 
 import asyncio
 
@@ -10,12 +10,15 @@ from services.proto.mmgate.v1 import inference_pb2 as pb
 
 from .conftest import error_details
 
+LIMIT = 16  # MMGATE_MAX_CONCURRENT_REQUESTS of the session's server
+
 
 async def test_overload_is_refused_and_the_server_recovers(client: MmgateClient) -> None:
-    request = build_request("Long", max_tokens=900, ignore_eos=True)
-    calls = [client.generate(request) for _ in range(24)]
+    # as long as the context allows, so that none can finish before the 17th call is refused
+    request = build_request("Long", max_tokens=990, ignore_eos=True)
+    calls = [client.generate(request) for _ in range(LIMIT)]
     streams = [aiter(call) for call in calls]
-    # every one of the 24 has produced a token: all are in progress
+    # every one of them has produced a token: all are in progress
     await asyncio.gather(*(anext(stream) for stream in streams))
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -30,7 +33,7 @@ async def test_overload_is_refused_and_the_server_recovers(client: MmgateClient)
 
 
 async def back_to_normal(client: MmgateClient, attempts: int = 200) -> pb.CompleteResponse:
-    """The server frees the 24 slots as it processes the cancellations; ask until it has."""
+    """The server frees its slots as it processes the cancellations; ask until it has."""
     for _ in range(attempts):
         try:
             return await client.complete("Back to normal", max_tokens=2, ignore_eos=True)
