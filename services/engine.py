@@ -264,6 +264,7 @@ class EngineWorker:
             },
         )
         finished = False
+        finish_reason: str | None = None
         outputs = engine.generate(
             TokensPrompt(prompt_token_ids=prompt_token_ids),
             params,
@@ -276,20 +277,22 @@ class EngineWorker:
                 async for output in outputs:
                     completion = output.outputs[0]
                     finished = output.finished
+                    finish_reason = completion.finish_reason if finished else None
                     yield EngineDelta(
                         text=completion.text,
                         token_ids=tuple(completion.token_ids),
-                        finish_reason=completion.finish_reason if finished else None,
+                        finish_reason=finish_reason,
                         num_cached_tokens=output.num_cached_tokens or 0,
                     )
         finally:
-            if not finished:
-                # vLLM's iterator aborts on cancellation itself (aborted requests never reach its
-                # finished-request stats, so they are counted here); this call covers a consumer
-                # that simply stops iterating, and does nothing for a request already gone.
+            # Counted here: vLLM reports an aborted request among its finished ones only
+            # sometimes (when its final "abort" output was delivered before the close).
+            if not finished or finish_reason == "abort":
                 self._counters.aborted += 1
-                if not self._closed:
-                    await asyncio.shield(engine.abort(request_id))
+            if not finished and not self._closed:
+                # vLLM's iterator aborts on cancellation and on close itself; this covers
+                # anything else, and does nothing for a request already gone.
+                await asyncio.shield(engine.abort(request_id))
 
     async def close(self) -> None:
         if self._engine is None or self._closed:
