@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import itertools
 import logging
 import time
@@ -294,26 +295,11 @@ class CacheActor(Generic[V]):
         c = self._counters
         now = time.monotonic()
         oldest = min((f.started_at for f in self._flights.values()), default=now)
+        counts = dataclasses.asdict(c)
+        # refused offers are counted by the mailbox itself, the callers never reached the actor
+        counts["overloaded"] += self._mailbox.rejected
         return CacheStats(
-            hits=c.hits,
-            tier_hits=c.tier_hits,
-            misses=c.misses,
-            coalesced=c.coalesced,
-            load_successes=c.load_successes,
-            load_failures=c.load_failures,
-            load_seconds=c.load_seconds,
-            evictions=c.evictions,
-            evicted_bytes=c.evicted_bytes,
-            expirations=c.expirations,
-            oversize_rejections=c.oversize_rejections,
-            recursion_rejections=c.recursion_rejections,
-            compute_timeouts=c.compute_timeouts,
-            caller_timeouts=c.caller_timeouts,
-            cancelled_waiters=c.cancelled_waiters,
-            overloaded=c.overloaded + self._mailbox.rejected,
-            tier_errors=c.tier_errors,
-            tier_write_errors=c.tier_write_errors,
-            stalled_flights=c.stalled_flights,
+            **counts,
             entries=len(self._store),
             bytes=self._store.bytes,
             bytes_by_tenant=self._store.bytes_by_tenant(),

@@ -42,15 +42,7 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         )
         e = self.engine.stats()
         engine = pb.EngineCacheStats(
-            prefix_cache_queries=e.prefix_cache_queries,
-            prefix_cache_hits=e.prefix_cache_hits,
-            prefix_cache_hit_ratio=e.prefix_cache_hit_ratio,
-            requests=e.requests,
-            requests_with_cached_prefix=e.requests_with_cached_prefix,
-            running=e.running,
-            waiting=e.waiting,
-            kv_cache_usage=e.kv_cache_usage,
-            aborted=e.aborted,
+            **dataclasses.asdict(e), prefix_cache_hit_ratio=e.prefix_cache_hit_ratio
         )
         return pb.GetStatsResponse(actor=actor, engine=engine, model=self.engine.model_name)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
@@ -76,39 +77,21 @@ class EngineStats:
 
 
 @final
+@dataclass(slots=True)
 class _Counters:
-    __slots__ = (
-        "aborted",
-        "kv_cache_usage",
-        "prefix_cache_hits",
-        "prefix_cache_queries",
-        "requests",
-        "requests_with_cached_prefix",
-        "running",
-        "waiting",
-    )
+    """EngineStats as they accumulate; mutated by the stat logger only."""
 
-    def __init__(self) -> None:
-        self.prefix_cache_queries = 0
-        self.prefix_cache_hits = 0
-        self.requests = 0
-        self.requests_with_cached_prefix = 0
-        self.aborted = 0
-        self.running = 0
-        self.waiting = 0
-        self.kv_cache_usage = 0.0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    requests: int = 0
+    requests_with_cached_prefix: int = 0
+    aborted: int = 0
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0
 
     def snapshot(self) -> EngineStats:
-        return EngineStats(
-            self.prefix_cache_queries,
-            self.prefix_cache_hits,
-            self.requests,
-            self.requests_with_cached_prefix,
-            self.aborted,
-            self.running,
-            self.waiting,
-            self.kv_cache_usage,
-        )
+        return EngineStats(**dataclasses.asdict(self))
 
 
 def _stats_recorder_factory(counters: _Counters) -> Any:

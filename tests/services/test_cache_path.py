@@ -9,6 +9,8 @@ import pytest
 from services.client import MmgateClient, build_request
 from services.proto.mmgate.v1 import inference_pb2 as pb
 
+from .conftest import RunningServer
+
 
 def lookup(final: pb.GenerateFinal, stage: str) -> pb.CacheLookup:
     (found,) = [entry for entry in final.cache.lookups if entry.stage == stage]
@@ -105,10 +107,7 @@ async def test_invalidate_forgets_a_key(client: MmgateClient) -> None:
     assert not await client.invalidate(key)
 
 
-async def test_cache_keys_are_per_tenant(server: object) -> None:
-    from tests.services.conftest import RunningServer
-
-    assert isinstance(server, RunningServer)
+async def test_cache_keys_are_per_tenant(server: RunningServer) -> None:
     async with server.client(tenant="team-a") as a, server.client(tenant="team-b") as b:
         first = await a.complete("Tenant prompt", max_tokens=2)
         other = await b.complete("Tenant prompt", max_tokens=2)

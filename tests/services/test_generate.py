@@ -3,8 +3,10 @@
 import asyncio
 from typing import Any
 
-from services.client import MmgateClient, build_request
+from services.client import MmgateClient, SyncClient, build_request
 from services.proto.mmgate.v1 import inference_pb2 as pb
+
+from .conftest import RunningServer
 
 
 async def collect(client: MmgateClient, request: pb.GenerateRequest) -> list[pb.GenerateResponse]:
@@ -73,12 +75,7 @@ async def test_greedy_is_repeatable_and_seeded_sampling_too(client: MmgateClient
     assert seeded[0].token_ids == seeded[1].token_ids
 
 
-async def test_sync_client(server: object) -> None:
-    from services.client import SyncClient
-
-    from .conftest import RunningServer
-
-    assert isinstance(server, RunningServer)
+async def test_sync_client(server: RunningServer) -> None:
 
     def ask() -> tuple[str, str, int]:
         with SyncClient(server.target, timeout=60) as sync:
