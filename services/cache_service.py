@@ -1,4 +1,5 @@
-"""The Cache service: what the cache actor and the engine's prefix cache hold, for operators."""
+"""The Cache service: what the cache actor and the engine's prefix cache hold, for operators;
+and Prefetch, which warms the cache with an image that later requests refer to by digest."""
 
 from __future__ import annotations
 
@@ -7,14 +8,17 @@ from typing import Any, final
 
 import grpc
 
-from cache_actor import CacheActor
+from cache_actor import CacheActor, EntryInfo
 
-from .engine import EngineWorker
-from .errors import abort, from_exception
+from .config import Settings
+from .engine import EngineUnavailable, EngineWorker
+from .errors import ServiceError, abort, from_exception
 from .inference import tenant_of
+from .media import MediaPipeline
 from .proto.mmgate.v1 import cache_pb2 as pb
 from .proto.mmgate.v1 import cache_pb2_grpc
-from .validation import InvalidRequest, Violation
+from .proto.mmgate.v1 import inference_pb2 as inference_pb
+from .validation import InvalidRequest, Violation, is_digest
 
 _ACTOR_FIELDS = frozenset(pb.ActorStats.DESCRIPTOR.fields_by_name) - {"hit_ratio"}
 _KEY_CHARS = frozenset("0123456789abcdef")
@@ -26,11 +30,46 @@ def _checked_key(key: str) -> str:
     return key
 
 
+def _target(key: str, digest: str) -> tuple[str, str]:
+    """Exactly one of a cache key or an image digest, checked."""
+    if bool(key) == bool(digest):
+        raise InvalidRequest([Violation("key", "set exactly one of key or digest")])
+    if digest and not is_digest(digest):
+        raise InvalidRequest([Violation("digest", "'sha256:' and 64 lowercase hex digits")])
+    return (_checked_key(key) if key else ""), digest
+
+
+def _entry_fields(info: EntryInfo) -> dict[str, Any]:
+    return {
+        "key": info.key,
+        "state": info.state,
+        "bytes": info.nbytes,
+        "age_seconds": info.age_seconds,
+        "hits": info.hits,
+        "tier": info.tier or "",
+        "waiters": info.waiters,
+    }
+
+
 @final
 class CacheServicer(cache_pb2_grpc.CacheServicer):
-    def __init__(self, cache: CacheActor[Any], engine: EngineWorker) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        cache: CacheActor[Any],
+        engine: EngineWorker,
+        media: MediaPipeline | None = None,
+    ) -> None:
+        self.settings = settings
         self.cache = cache
         self.engine = engine
+        # set once the engine has started (the server's start)
+        self.media = media
+
+    def _media(self) -> MediaPipeline:
+        if self.media is None:
+            raise EngineUnavailable("the engine is not ready")
+        return self.media
 
     async def GetStats(
         self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext
@@ -44,32 +83,76 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         engine = pb.EngineCacheStats(
             **dataclasses.asdict(e), prefix_cache_hit_ratio=e.prefix_cache_hit_ratio
         )
-        return pb.GetStatsResponse(actor=actor, engine=engine, model=self.engine.model_name)
+        media = self.media
+        return pb.GetStatsResponse(
+            actor=actor,
+            engine=engine,
+            model=self.engine.model_name,
+            media_mode=media.mode if media is not None else "",
+            media=pb.MediaStats(**dataclasses.asdict(media.stats)) if media is not None else None,
+        )
+
+    async def Prefetch(
+        self, request: pb.PrefetchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PrefetchResponse:
+        try:
+            media = self._media()
+            if media.mode == "none":
+                raise ServiceError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"model {self.engine.model_name} takes no images",
+                    reason="MODEL_TAKES_NO_IMAGES",
+                )
+            if not request.data:
+                raise InvalidRequest([Violation("data", "must not be empty")])
+            limit = self.settings.media.max_image_bytes
+            if len(request.data) > limit:
+                raise InvalidRequest(
+                    [Violation("data", f"{len(request.data)} bytes; the limit is {limit}")]
+                )
+            remaining = context.time_remaining()
+            timeout = self.settings.default_deadline_seconds if remaining is None else remaining
+            image = inference_pb.Image(data=request.data, mime_type=request.mime_type)
+            report = await media.prefetch(image, tenant_of(context), timeout)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
+            await abort(context, from_exception(exc))
+        return pb.PrefetchResponse(
+            digest=report.digest, outcome=report.outcome, tier=report.tier, form=report.form
+        )
 
     async def Inspect(
         self, request: pb.InspectRequest, context: grpc.aio.ServicerContext
     ) -> pb.InspectResponse:
         try:
-            info = await self.cache.inspect(_checked_key(request.key), tenant=tenant_of(context))
+            key, digest = _target(request.key, request.digest)
+            tenant = tenant_of(context)
+            if key:
+                info = await self.cache.inspect(key, tenant=tenant)
+                return pb.InspectResponse(**_entry_fields(info))
+            stages = [
+                pb.StageEntry(
+                    stage=stage, **_entry_fields(await self.cache.inspect(k, tenant=tenant))
+                )
+                for stage, k in self._media().stage_keys(digest).items()
+            ]
         except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
             await abort(context, from_exception(exc))
+        held = [s for s in stages if s.state != "absent"]
         return pb.InspectResponse(
-            key=info.key,
-            state=info.state,
-            bytes=info.nbytes,
-            age_seconds=info.age_seconds,
-            hits=info.hits,
-            tier=info.tier or "",
-            waiters=info.waiters,
+            key=digest,
+            state=held[-1].state if held else "absent",
+            bytes=sum(s.bytes for s in held),
+            stages=stages,
         )
 
     async def Invalidate(
         self, request: pb.InvalidateRequest, context: grpc.aio.ServicerContext
     ) -> pb.InvalidateResponse:
         try:
-            removed = await self.cache.invalidate(
-                _checked_key(request.key), tenant=tenant_of(context)
-            )
+            key, digest = _target(request.key, request.digest)
+            tenant = tenant_of(context)
+            keys = [key] if key else list(self._media().stage_keys(digest).values())
+            removed = [await self.cache.invalidate(k, tenant=tenant) for k in keys]
         except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
             await abort(context, from_exception(exc))
-        return pb.InvalidateResponse(removed=removed)
+        return pb.InvalidateResponse(removed=any(removed))

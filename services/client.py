@@ -8,19 +8,30 @@
 A string is sent as one user turn of a chat (the model's chat template applies); pass
 ``messages=[("system", ...), ("user", ...)]`` for more turns, or ``raw=True`` to send the string
 to the model as is.
+
+Images go as bytes (PNG, JPEG, WebP): ``complete("<image> What is this?", images=[png])``; the
+n-th ``<image>`` in the text is the n-th image (with none in the text, they go before the user's
+text). Once the server has reported an image's digest, this client sends only the digest; if
+the server no longer holds it (NOT_FOUND, reason IMAGE_NOT_FOUND), the client resends the
+request with the bytes, once.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
 import grpc
+from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from .errors import IMAGE_NOT_FOUND
 from .inference import TENANT_HEADER
 from .proto.mmgate.v1 import cache_pb2, cache_pb2_grpc, inference_pb2, inference_pb2_grpc
+from .validation import IMAGE_PLACEHOLDER
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 CACHE_POLICIES = {
@@ -30,10 +41,15 @@ CACHE_POLICIES = {
 }
 
 
+# digests this client remembers as held by the server, most recent last
+HELD_DIGESTS = 4096
+
+
 def build_request(
     prompt: str | None = None,
     *,
     messages: Sequence[tuple[str, str]] | None = None,
+    images: Sequence[bytes] = (),
     raw: bool = False,
     request_id: str = "",
     cache_policy: str = "prompt",
@@ -46,7 +62,11 @@ def build_request(
         sampling=inference_pb2.SamplingParams(
             **{k: v for k, v in sampling.items() if v is not None}
         ),
+        images=[inference_pb2.Image(data=data) for data in images],
     )
+    texts = [prompt or ""] + [content for _, content in messages or ()]
+    if images and prompt is not None and not any(IMAGE_PLACEHOLDER in t for t in texts):
+        prompt = IMAGE_PLACEHOLDER * len(images) + "\n" + prompt
     if raw:
         request.prompt = prompt or ""
     else:
@@ -59,6 +79,70 @@ def build_request(
 
 def _metadata(tenant: str | None) -> tuple[tuple[str, str], ...]:
     return ((TENANT_HEADER, tenant),) if tenant else ()
+
+
+def digest_of(data: bytes) -> str:
+    """An image's digest, as the server reports it."""
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def image_not_found(error: grpc.RpcError) -> bool:
+    """The server does not hold an image the request referred to by digest."""
+    if error.code() != grpc.StatusCode.NOT_FOUND:
+        return False
+    for key, value in error.trailing_metadata() or ():
+        if key == "grpc-status-details-bin":
+            for detail in status_pb2.Status.FromString(value).details:
+                info = error_details_pb2.ErrorInfo()
+                if detail.Unpack(info) and info.reason == IMAGE_NOT_FOUND:
+                    return True
+    return False
+
+
+class HeldImages:
+    """The digests the server has reported for this client's images, bounded, most recent last.
+
+    ``by_reference`` swaps the bytes of a held image for its digest; a request that then fails
+    with IMAGE_NOT_FOUND is sent again as it was built, with the bytes.
+    """
+
+    def __init__(self, capacity: int = HELD_DIGESTS) -> None:
+        self.capacity = capacity
+        self._digests: OrderedDict[str, None] = OrderedDict()
+
+    def __contains__(self, digest: str) -> bool:
+        return digest in self._digests
+
+    def add(self, digest: str) -> None:
+        self._digests[digest] = None
+        self._digests.move_to_end(digest)
+        while len(self._digests) > self.capacity:
+            self._digests.popitem(last=False)
+
+    def learn(self, final: inference_pb2.GenerateFinal) -> None:
+        for report in final.cache.images:
+            self.add(report.digest)
+
+    def by_reference(
+        self, request: inference_pb2.GenerateRequest
+    ) -> inference_pb2.GenerateRequest | None:
+        """The request with held images as digests; None when no image is held."""
+        digests = [
+            digest_of(image.data) if image.WhichOneof("source") == "data" else ""
+            for image in request.images
+        ]
+        if not any(d in self._digests for d in digests if d):
+            return None
+        slim = inference_pb2.GenerateRequest()
+        slim.CopyFrom(request)
+        for image, digest in zip(slim.images, digests, strict=True):
+            if digest in self._digests:
+                image.digest = digest  # the oneof drops the bytes
+        return slim
+
+    def forget(self, request: inference_pb2.GenerateRequest) -> None:
+        for image in request.images:
+            self._digests.pop(image.digest, None)
 
 
 class MmgateClient:
@@ -78,6 +162,7 @@ class MmgateClient:
         self.inference = inference_pb2_grpc.InferenceStub(self.channel)
         self.cache = cache_pb2_grpc.CacheStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
+        self.held = HeldImages()
 
     async def __aenter__(self) -> MmgateClient:
         return self
@@ -93,14 +178,28 @@ class MmgateClient:
     async def close(self) -> None:
         await self.channel.close()
 
-    def generate(
+    async def generate(
         self, request: inference_pb2.GenerateRequest, *, timeout: float | None = None
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
         """The raw stream: deltas, then one final message."""
-        call: AsyncIterator[inference_pb2.GenerateResponse] = self.inference.Generate(
-            request, timeout=timeout or self.timeout, metadata=self.metadata
-        )
-        return call
+        slim = self.held.by_reference(request)
+        attempts = [slim, request] if slim is not None else [request]
+        for attempt in attempts:
+            started = False
+            try:
+                async for event in self.inference.Generate(
+                    attempt, timeout=timeout or self.timeout, metadata=self.metadata
+                ):
+                    started = True
+                    if event.HasField("final"):
+                        self.held.learn(event.final)
+                    yield event
+                return
+            except grpc.aio.AioRpcError as error:
+                # images are prepared before the first token: nothing was yielded yet
+                if attempt is request or started or not image_not_found(error):
+                    raise
+                self.held.forget(attempt)
 
     async def stream_text(self, prompt: str | None = None, **options: Any) -> AsyncIterator[str]:
         async for event in self.generate(build_request(prompt, **options)):
@@ -115,9 +214,34 @@ class MmgateClient:
     async def complete_request(
         self, request: inference_pb2.GenerateRequest, *, timeout: float | None = None
     ) -> inference_pb2.CompleteResponse:
-        response: inference_pb2.CompleteResponse = await self.inference.Complete(
+        slim = self.held.by_reference(request)
+        response: inference_pb2.CompleteResponse
+        if slim is not None:
+            try:
+                response = await self.inference.Complete(
+                    slim, timeout=timeout or self.timeout, metadata=self.metadata
+                )
+            except grpc.aio.AioRpcError as error:
+                if not image_not_found(error):
+                    raise
+                self.held.forget(slim)
+            else:
+                self.held.learn(response.final)
+                return response
+        response = await self.inference.Complete(
             request, timeout=timeout or self.timeout, metadata=self.metadata
         )
+        self.held.learn(response.final)
+        return response
+
+    async def prefetch(self, data: bytes, mime_type: str = "") -> cache_pb2.PrefetchResponse:
+        """Warm the server's cache with an image; later requests send only its digest."""
+        response: cache_pb2.PrefetchResponse = await self.cache.Prefetch(
+            cache_pb2.PrefetchRequest(data=data, mime_type=mime_type),
+            timeout=self.timeout,
+            metadata=self.metadata,
+        )
+        self.held.add(response.digest)
         return response
 
     async def stats(self) -> cache_pb2.GetStatsResponse:
@@ -126,15 +250,21 @@ class MmgateClient:
         )
         return response
 
-    async def inspect(self, key: str) -> cache_pb2.InspectResponse:
+    async def inspect(self, key: str = "", *, digest: str = "") -> cache_pb2.InspectResponse:
+        """A cache key's entry, or (``digest``) every stage of an image."""
         response: cache_pb2.InspectResponse = await self.cache.Inspect(
-            cache_pb2.InspectRequest(key=key), timeout=self.timeout, metadata=self.metadata
+            cache_pb2.InspectRequest(key=key, digest=digest),
+            timeout=self.timeout,
+            metadata=self.metadata,
         )
         return response
 
-    async def invalidate(self, key: str) -> bool:
+    async def invalidate(self, key: str = "", *, digest: str = "") -> bool:
+        """Drop a cache key, or (``digest``) every stage of an image."""
         response: cache_pb2.InvalidateResponse = await self.cache.Invalidate(
-            cache_pb2.InvalidateRequest(key=key), timeout=self.timeout, metadata=self.metadata
+            cache_pb2.InvalidateRequest(key=key, digest=digest),
+            timeout=self.timeout,
+            metadata=self.metadata,
         )
         return response.removed
 

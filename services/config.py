@@ -82,6 +82,26 @@ class CacheSettings(BaseModel):
         )
 
 
+class MediaSettings(BaseModel):
+    """Images: how they are cached and what is accepted (see docs/images.md)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    mode: Literal["auto", "embeddings", "pixels"] = "auto"
+    """auto: cache encoder outputs where mmgate can run the model's vision encoder (LLaVA family),
+    else cache decoded images and let the engine encode them."""
+    max_images_per_request: int = Field(16, gt=0)
+    """Most images in one request."""
+    max_image_bytes: int = Field(10 * MiB, gt=0)
+    """Largest encoded image."""
+    max_image_pixels: int = Field(40_000_000, gt=0)
+    """Most pixels (width x height) of one image, checked before it is decoded."""
+    min_image_side: int = Field(8, gt=0)
+    """Smallest width or height in pixels."""
+    encoder_dtype: str | None = None
+    """The vision encoder's dtype (embeddings mode); unset: the engine's."""
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="MMGATE_",
@@ -101,7 +121,8 @@ class Settings(BaseSettings):
     """Where converted models live (MMGATE_MODEL_CACHE)."""
     engine: EngineSettings = Field(default_factory=EngineSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
-    max_message_bytes: int = Field(4 * MiB, gt=0)
+    media: MediaSettings = Field(default_factory=MediaSettings)
+    max_message_bytes: int = Field(32 * MiB, gt=0)
     """Largest request; up to twice this gets INVALID_ARGUMENT, beyond that gRPC refuses it."""
     max_prompt_chars: int = Field(200_000, gt=0)
     """Longest prompt, or all chat messages together, in characters."""

@@ -24,6 +24,8 @@ from .config import EngineSettings
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    from .media import EngineImages
+
 log = logging.getLogger("mmgate.engine")
 
 
@@ -57,6 +59,8 @@ class EngineDelta:
     token_ids: tuple[int, ...]
     finish_reason: str | None = None
     num_cached_tokens: int = 0
+    # the prompt as the engine ran it: each image placeholder expanded to the image's tokens
+    prompt_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +154,13 @@ class EngineWorker:
         self._counters = _Counters()
         self._closed = False
         self.max_model_len = settings.max_model_len
+        self._image_limit: int | None = None
+        self._image_embeddings = False
+
+    def accept_images(self, *, per_prompt: int, embeddings: bool) -> None:
+        """Before start(): take up to ``per_prompt`` images a request, as embeddings too."""
+        self._image_limit = per_prompt
+        self._image_embeddings = embeddings
 
     def use_model(self, model: str) -> None:
         """Serve ``model`` (a folder or a hub name); before start()."""
@@ -177,6 +188,10 @@ class EngineWorker:
             kwargs["block_size"] = s.block_size
         if s.kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = s.kv_cache_memory_bytes
+        if self._image_limit is not None:
+            kwargs["limit_mm_per_prompt"] = {"image": self._image_limit}
+            # mmgate's encoder-output cache hands vLLM image embeddings instead of pixels
+            kwargs["enable_mm_embeds"] = self._image_embeddings
         kwargs.update(s.extra)
         return AsyncEngineArgs(**kwargs)
 
@@ -200,6 +215,10 @@ class EngineWorker:
         return self._engine is not None and not self._closed and not self._engine.errored
 
     @property
+    def takes_images(self) -> bool:
+        return bool(self._require().model_config.is_multimodal_model)
+
+    @property
     def tokenizer(self) -> Any:
         return self._require().get_tokenizer()
 
@@ -219,6 +238,7 @@ class EngineWorker:
         prompt_token_ids: list[int],
         sampling: Sampling,
         trace_headers: Mapping[str, str] | None = None,
+        images: EngineImages | None = None,
     ) -> AsyncGenerator[EngineDelta, None]:
         """Stream one request's new tokens; leaving early aborts it in the engine."""
         from vllm import SamplingParams
@@ -248,8 +268,13 @@ class EngineWorker:
         )
         finished = False
         finish_reason: str | None = None
+        prompt = TokensPrompt(prompt_token_ids=prompt_token_ids)
+        if images is not None and images.items:
+            prompt["multi_modal_data"] = {"image": _image_data(images)}
+            # vLLM's processor and prefix caches key on the digest, as mmgate's cache does
+            prompt["multi_modal_uuids"] = {"image": list(images.uuids)}
         outputs = engine.generate(
-            TokensPrompt(prompt_token_ids=prompt_token_ids),
+            prompt,
             params,
             request_id,
             trace_headers=trace_headers,
@@ -266,6 +291,7 @@ class EngineWorker:
                         token_ids=tuple(completion.token_ids),
                         finish_reason=finish_reason,
                         num_cached_tokens=output.num_cached_tokens or 0,
+                        prompt_tokens=len(output.prompt_token_ids or ()),
                     )
         finally:
             # Counted here: vLLM reports an aborted request among its finished ones only
@@ -285,3 +311,12 @@ class EngineWorker:
         engine, self._engine = self._engine, None
         # shutdown() joins the engine core process: off the loop, so health keeps answering
         await asyncio.to_thread(engine.shutdown)
+
+
+def _image_data(images: EngineImages) -> Any:
+    if images.form == "pixels":
+        return list(images.items)
+    import torch
+
+    # embeddings: one tensor (images, image tokens, hidden), which vLLM takes as precomputed
+    return torch.stack(list(images.items))

@@ -2,6 +2,7 @@
 
 InvalidRequest                 INVALID_ARGUMENT   + BadRequest naming each field
 over capacity, CacheOverloaded RESOURCE_EXHAUSTED + ErrorInfo(reason=OVERLOADED)
+ImageNotHeld (image digest)    NOT_FOUND          + ErrorInfo(reason=IMAGE_NOT_FOUND, digest, index)
 ComputeTimeout, deadline       DEADLINE_EXCEEDED
 CacheActorDead, engine down    UNAVAILABLE        + ErrorInfo(reason=...)
 model cannot do it             FAILED_PRECONDITION
@@ -27,11 +28,14 @@ from cache_actor import (
 )
 
 from .engine import EngineUnavailable
+from .media import ImageNotHeld
 from .validation import InvalidRequest, Violation
 
 log = logging.getLogger("mmgate.errors")
 
 DOMAIN = "mmgate.v1"
+# ErrorInfo reason of a digest the server does not hold: the client resends the image's bytes
+IMAGE_NOT_FOUND = "IMAGE_NOT_FOUND"
 
 
 class ServiceError(Exception):
@@ -44,12 +48,14 @@ class ServiceError(Exception):
         *,
         reason: str | None = None,
         violations: list[Violation] | None = None,
+        metadata: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.reason = reason
         self.violations = violations or []
+        self.metadata = metadata or {}
 
     def to_status(self) -> grpc.Status:
         details: list[any_pb2.Any] = []
@@ -67,7 +73,11 @@ class ServiceError(Exception):
             details.append(packed)
         if self.reason:
             packed = any_pb2.Any()
-            packed.Pack(error_details_pb2.ErrorInfo(reason=self.reason, domain=DOMAIN))
+            packed.Pack(
+                error_details_pb2.ErrorInfo(
+                    reason=self.reason, domain=DOMAIN, metadata=self.metadata
+                )
+            )
             details.append(packed)
         code_number: int = self.code.value[0]
         return rpc_status.to_status(
@@ -86,6 +96,13 @@ def from_exception(exc: BaseException) -> ServiceError:
         return exc
     if isinstance(exc, InvalidRequest):
         return invalid(exc.violations)
+    if isinstance(exc, ImageNotHeld):
+        return ServiceError(
+            grpc.StatusCode.NOT_FOUND,
+            str(exc),
+            reason=IMAGE_NOT_FOUND,
+            metadata={"digest": exc.digest, "index": str(exc.index)},
+        )
     if isinstance(exc, CacheRecursionError):
         log.error("cache recursion refused: %s (cycle %s)", exc, " -> ".join(exc.cycle))
         return ServiceError(

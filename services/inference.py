@@ -3,6 +3,8 @@
     GenerateRequest ─ validate ─▶ prompt stage (actor flight: render + tokenize, keyed by content)
                                       │ token count checked against max_model_len
                                       ▼
+                      image stages (services/media.py: decode, encoder output; actor flights)
+                                      ▼
                       response stage (actor flight, only for CACHE_POLICY_RESPONSE and a
                       deterministic request: one engine run shared by identical requests)
                                       │ or straight to the engine
@@ -32,6 +34,7 @@ from cache_actor import CacheActor, Lookup, Outcome
 from .config import Settings
 from .engine import EngineDelta, EngineUnavailable, EngineWorker, Sampling
 from .errors import ServiceError, abort, from_exception
+from .media import EngineImages, MediaPipeline
 from .prompts import RenderedPrompt, cache_key, prompt_payload, render
 from .proto.mmgate.v1 import inference_pb2 as pb
 from .proto.mmgate.v1 import inference_pb2_grpc
@@ -66,10 +69,18 @@ def tenant_of(context: grpc.aio.ServicerContext) -> str:
 
 @final
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
-    def __init__(self, settings: Settings, engine: EngineWorker, cache: CacheActor[Any]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        engine: EngineWorker,
+        cache: CacheActor[Any],
+        media: MediaPipeline | None = None,
+    ) -> None:
         self.settings = settings
         self.engine = engine
         self.cache = cache
+        # set once the engine has started and the server knows what the model takes
+        self.media = media
         self.active = 0
         self.draining = False
         self._idle = asyncio.Event()
@@ -174,13 +185,32 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         context: grpc.aio.ServicerContext,
         deadline: float,
     ) -> AsyncGenerator[pb.GenerateResponse, None]:
-        if not self.engine.ready:
+        media = self.media
+        if not self.engine.ready or media is None:
             raise EngineUnavailable("the engine is not ready")
-        checked = validate(request, self.settings, max_model_len=self.engine.max_model_len)
+        if request.images and media.mode == "none":
+            # before any image work: the model could not use it
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"model {self.engine.model_name} takes no images",
+                reason="MODEL_TAKES_NO_IMAGES",
+            )
+        checked = validate(
+            request,
+            self.settings,
+            max_model_len=self.engine.max_model_len,
+            takes_images=media.mode != "none",
+        )
         tenant = tenant_of(context)
         lookups: list[pb.CacheLookup] = []
         prompt = await self._prompt(checked, tenant, deadline, lookups)
-        sampling = self._fit(checked, prompt)
+        image_tokens = media.encoder.image_tokens if media.encoder is not None else 1
+        sampling = self._fit(checked, prompt, len(checked.images) * (image_tokens - 1))
+        images: EngineImages | None = None
+        image_reports: tuple[pb.ImageReport, ...] = ()
+        if checked.images:
+            prepared = await media.prepare(checked.images, tenant, _left(deadline))
+            images, image_reports = prepared.engine, prepared.reports
         trace_headers = {
             name: value for name in _TRACE_HEADERS if (value := metadata_value(context, name))
         }
@@ -188,18 +218,24 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         from_cache = False
         if checked.cache_policy == "response" and sampling.deterministic:
             stream, from_cache = await self._shared_response(
-                checked, prompt, sampling, tenant, deadline, trace_headers, lookups
+                checked, prompt, sampling, tenant, deadline, trace_headers, lookups, images
             )
         else:
             stream = self.engine.generate(
-                checked.request_id, list(prompt.token_ids), sampling, trace_headers or None
+                checked.request_id,
+                list(prompt.token_ids),
+                sampling,
+                trace_headers or None,
+                images=images,
             )
 
         completion_tokens = 0
+        prompt_tokens = 0
         last = EngineDelta("", ())
         async with contextlib.aclosing(stream) as deltas:
             async for delta in deltas:
                 completion_tokens += len(delta.token_ids)
+                prompt_tokens = delta.prompt_tokens or prompt_tokens
                 last = delta
                 if delta.text or delta.token_ids:
                     yield pb.GenerateResponse(
@@ -210,7 +246,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             final=pb.GenerateFinal(
                 finish_reason=_FINISH.get(last.finish_reason or "", pb.FINISH_REASON_UNSPECIFIED),
                 usage=pb.Usage(
-                    prompt_tokens=len(prompt.token_ids),
+                    prompt_tokens=prompt_tokens or len(prompt.token_ids),
                     completion_tokens=completion_tokens,
                     cached_prompt_tokens=cached_prompt_tokens,
                 ),
@@ -218,6 +254,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     lookups=lookups,
                     cached_prompt_tokens=cached_prompt_tokens,
                     response_from_cache=from_cache,
+                    images=image_reports,
                 ),
                 request_id=checked.request_id,
                 model=self.engine.model_name,
@@ -247,10 +284,15 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         lookups.append(_report("prompt", key, lookup, started))
         return lookup.value
 
-    def _fit(self, checked: GenerationRequest, prompt: RenderedPrompt) -> Sampling:
-        """Check the prompt against the context window and settle max_tokens."""
+    def _fit(
+        self, checked: GenerationRequest, prompt: RenderedPrompt, image_tokens: int = 0
+    ) -> Sampling:
+        """Check the prompt against the context window and settle max_tokens.
+
+        ``image_tokens``: the tokens the engine adds when it expands the image placeholders.
+        """
         limit = self.engine.max_model_len
-        count = len(prompt.token_ids)
+        count = len(prompt.token_ids) + image_tokens
         field = "chat" if checked.chat is not None else "prompt"
         if count >= limit:
             raise InvalidRequest(
@@ -282,14 +324,19 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         deadline: float,
         trace_headers: Mapping[str, str],
         lookups: list[pb.CacheLookup],
+        images: EngineImages | None = None,
     ) -> tuple[AsyncGenerator[EngineDelta, None], bool]:
-        payload = {"prompt": list(prompt.token_ids), "sampling": dataclasses.asdict(sampling)}
+        payload = {
+            "prompt": list(prompt.token_ids),
+            "sampling": dataclasses.asdict(sampling),
+            "images": list(images.uuids) if images is not None else [],
+        }
         key = cache_key(self.engine.model_name, "response", payload)
 
         async def start_recording() -> ResponseRecording:
             recording = ResponseRecording(sampling.max_tokens)
             producer = asyncio.create_task(
-                self._record(recording, key, tenant, prompt, sampling, trace_headers),
+                self._record(recording, key, tenant, prompt, sampling, trace_headers, images),
                 name=f"mmgate-response-{key[:12]}",
             )
             self._producers.add(producer)
@@ -316,6 +363,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         prompt: RenderedPrompt,
         sampling: Sampling,
         trace_headers: Mapping[str, str],
+        images: EngineImages | None,
     ) -> None:
         """Run the engine once for every request sharing this response."""
         error: BaseException | None = None
@@ -325,6 +373,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 list(prompt.token_ids),
                 sampling,
                 trace_headers or None,
+                images=images,
             )
             async with (
                 asyncio.timeout(self.settings.default_deadline_seconds),

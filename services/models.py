@@ -41,6 +41,7 @@ __all__ = [
     "MARKER_NAME",
     "build_tiny_model",
     "default_model_cache",
+    "model_config",
     "prepare_default_model",
 ]
 
@@ -86,6 +87,18 @@ def default_model_cache() -> Path:
     if configured:
         return Path(configured).expanduser()
     return Path.home() / ".cache" / "mmgate" / "models"
+
+
+def model_config(model: str) -> dict[str, Any]:
+    """A model's config.json: from its folder, or through transformers for a hub name."""
+    folder = Path(model)
+    if folder.is_dir():
+        config: dict[str, Any] = json.loads((folder / "config.json").read_text())
+        return config
+    from transformers import AutoConfig
+
+    loaded: dict[str, Any] = AutoConfig.from_pretrained(model).to_dict()
+    return loaded
 
 
 def prepare_default_model(cache_dir: Path | None = None) -> Path:

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .validation import GenerationRequest
+from .validation import IMAGE_PLACEHOLDER, GenerationRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,13 +34,32 @@ def cache_key(model: str, stage: str, payload: Any) -> str:
 
 def prompt_payload(request: GenerationRequest) -> Any:
     if request.chat is not None:
-        return {"chat": [[turn.role, turn.content] for turn in request.chat]}
+        turns = [[turn.role, turn.content] for turn in request.chat]
+        # with images, messages are rendered as content parts: another prompt
+        return {"chat": turns, "parts": True} if request.images else {"chat": turns}
     return {"prompt": request.prompt}
+
+
+def content_parts(content: str) -> list[dict[str, str]]:
+    """A message's text as OpenAI-style content parts, an image part for each placeholder.
+
+    Chat templates of vision models place the model's own image tokens for {"type": "image"}.
+    """
+    parts: list[dict[str, str]] = []
+    for i, text in enumerate(content.split(IMAGE_PLACEHOLDER)):
+        if i > 0:
+            parts.append({"type": "image"})
+        if text:
+            parts.append({"type": "text", "text": text})
+    return parts
 
 
 def _render(tokenizer: Any, request: GenerationRequest) -> RenderedPrompt:
     if request.chat is not None:
-        messages = [{"role": t.role, "content": t.content} for t in request.chat]
+        messages: list[dict[str, Any]] = [
+            {"role": t.role, "content": content_parts(t.content) if request.images else t.content}
+            for t in request.chat
+        ]
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         # the template already holds the special tokens it wants
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]

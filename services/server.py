@@ -1,7 +1,8 @@
 """The grpc.aio server: services, health, reflection, start-up and graceful shutdown.
 
     start:    cache actor ─▶ gRPC port open (health NOT_SERVING, liveness SERVING)
-              ─▶ model prepared (in a thread) ─▶ engine started (in a thread) ─▶ health SERVING
+              ─▶ model prepared (in a thread) ─▶ media mode chosen, vision encoder loaded
+              (embeddings mode) ─▶ engine started (in a thread) ─▶ health SERVING
     running:  a monitor pings the actor and checks the engine every second; health follows
     SIGTERM:  health NOT_SERVING ─▶ new calls refused (UNAVAILABLE) ─▶ in-flight calls get the
               grace period ─▶ the rest cancelled ─▶ shared-response producers, engine and actor
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from pathlib import Path
 from typing import Any, final
 
 import grpc
@@ -28,8 +30,11 @@ from cache_actor import CacheActor, CacheActorDead
 
 from .cache_service import CacheServicer
 from .config import Settings
+from .encoder import VisionEncoder
 from .engine import EngineWorker
 from .inference import InferenceServicer
+from .media import MediaPipeline
+from .models import model_config
 from .proto.mmgate.v1 import cache_pb2, cache_pb2_grpc, inference_pb2, inference_pb2_grpc
 
 log = logging.getLogger("mmgate.server")
@@ -60,6 +65,7 @@ class MmgateServer:
         self.engine = EngineWorker(settings.engine, model)
         self.health = HealthServicer()
         self.inference = InferenceServicer(settings, self.engine, self.cache)
+        self.cache_service = CacheServicer(settings, self.cache, self.engine)
         self.server = grpc.aio.server(
             options=[
                 # messages up to twice the limit reach validation, which names the field;
@@ -70,9 +76,7 @@ class MmgateServer:
             ]
         )
         inference_pb2_grpc.add_InferenceServicer_to_server(self.inference, self.server)
-        cache_pb2_grpc.add_CacheServicer_to_server(
-            CacheServicer(self.cache, self.engine), self.server
-        )
+        cache_pb2_grpc.add_CacheServicer_to_server(self.cache_service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (
@@ -99,10 +103,41 @@ class MmgateServer:
         if not self.engine.model_path:
             # the first start converts the embedded default model (~20 s): off the loop
             self.engine.use_model(await asyncio.to_thread(resolve_model, self.settings))
+        encoder = await asyncio.to_thread(self._plan_media)
         await self.engine.start()
+        media = MediaPipeline(
+            self.settings.media,
+            self.cache,
+            self.engine.model_name,
+            encoder,
+            takes_images=self.engine.takes_images,
+        )
+        self.inference.media = self.cache_service.media = media
+        log.info("media mode: %s", _MODE_LOG[media.mode])
         await self._update_health()
         self._monitor = asyncio.create_task(self._watch(), name="mmgate-health")
         log.info("serving %s on %s:%d", self.engine.model_name, self.settings.host, self.port)
+
+    def _plan_media(self) -> VisionEncoder | None:
+        """Before the engine starts: whether it takes images, and the encoder mmgate runs."""
+        settings = self.settings.media
+        if "vision_config" not in model_config(self.engine.model_path):
+            return None
+        encoder = None
+        if settings.mode != "pixels":
+            encoder = VisionEncoder.load(
+                Path(self.engine.model_path),
+                dtype=settings.encoder_dtype or self.settings.engine.dtype,
+            )
+            if encoder is None and settings.mode == "embeddings":
+                raise RuntimeError(
+                    f"media mode 'embeddings': mmgate cannot run the vision encoder of "
+                    f"{self.engine.model_path} (LLaVA-family models only); use 'auto' or 'pixels'"
+                )
+        self.engine.accept_images(
+            per_prompt=settings.max_images_per_request, embeddings=encoder is not None
+        )
+        return encoder
 
     async def _update_health(self) -> None:
         try:
@@ -147,6 +182,13 @@ class MmgateServer:
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
+
+
+_MODE_LOG = {
+    "embeddings": "embeddings (mmgate runs the vision encoder and caches its output)",
+    "pixels": "pixels (mmgate caches decoded images; the engine encodes them)",
+    "none": "none (the model takes no images)",
+}
 
 
 async def serve(settings: Settings) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -20,6 +21,10 @@ from .engine import Sampling
 from .proto.mmgate.v1 import inference_pb2 as pb
 
 ROLES = frozenset({"system", "user", "assistant"})
+# In a prompt or a chat message, where the request's next image goes.
+IMAGE_PLACEHOLDER = "<image>"
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_MIME_TYPES = frozenset({"image/png", "image/jpeg", "image/webp"})
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
 MAX_STOP_CHARS = 256
 
@@ -62,6 +67,12 @@ class GenerationRequest:
     max_tokens_set: bool
     request_id: str
     cache_policy: CachePolicy
+    images: tuple[pb.Image, ...] = ()
+
+
+def is_digest(text: str) -> bool:
+    """An image digest as mmgate reports it: "sha256:" and 64 lowercase hex digits."""
+    return _DIGEST.match(text) is not None
 
 
 def _has_unknown_fields(message: Message) -> bool:
@@ -73,7 +84,11 @@ def _finite(value: float) -> bool:
 
 
 def validate(
-    request: pb.GenerateRequest, settings: Settings, *, max_model_len: int
+    request: pb.GenerateRequest,
+    settings: Settings,
+    *,
+    max_model_len: int,
+    takes_images: bool = False,
 ) -> GenerationRequest:
     """Check a GenerateRequest against the contract and the server's limits."""
     problems: list[Violation] = []
@@ -122,6 +137,10 @@ def validate(
         chat = tuple(ChatTurn(m.role, m.content) for m in messages)
 
     sampling, max_tokens_set = _sampling(request, settings, max_model_len, bad)
+    if takes_images:
+        text_field = "prompt" if kind == "prompt" else "chat.messages"
+        texts = [prompt] if prompt is not None else [t.content for t in chat or ()]
+        _images(request.images, texts, text_field, settings, bad)
 
     request_id = request.request_id
     if request_id and not _REQUEST_ID.match(request_id):
@@ -138,7 +157,46 @@ def validate(
         max_tokens_set=max_tokens_set,
         request_id=request_id or uuid.uuid4().hex,
         cache_policy=_POLICIES[request.cache_policy],
+        images=tuple(request.images),
     )
+
+
+def _images(
+    images: Sequence[pb.Image],
+    texts: Sequence[str],
+    text_field: str,
+    settings: Settings,
+    bad: Callable[[str, str], None],
+) -> None:
+    limits = settings.media
+    if len(images) > limits.max_images_per_request:
+        bad("images", f"{len(images)} images; the limit is {limits.max_images_per_request}")
+        return
+    placeholders = sum(text.count(IMAGE_PLACEHOLDER) for text in texts)
+    if placeholders != len(images):
+        bad(
+            text_field,
+            f"{placeholders} {IMAGE_PLACEHOLDER} placeholders for {len(images)} images;"
+            " each image needs one, in order",
+        )
+    for i, image in enumerate(images):
+        where = f"images[{i}]"
+        if _has_unknown_fields(image):
+            bad(where, "carries fields this server does not know")
+        source = image.WhichOneof("source")
+        if source is None:
+            bad(where, "set data or digest")
+        elif source == "digest" and not is_digest(image.digest):
+            bad(f"{where}.digest", "'sha256:' and 64 lowercase hex digits")
+        elif source == "data" and not image.data:
+            bad(f"{where}.data", "must not be empty")
+        elif source == "data" and len(image.data) > limits.max_image_bytes:
+            bad(f"{where}.data", f"{len(image.data)} bytes; the limit is {limits.max_image_bytes}")
+        if image.mime_type and image.mime_type not in _MIME_TYPES:
+            bad(
+                f"{where}.mime_type",
+                f"{image.mime_type!r} is not one of image/png, image/jpeg, image/webp",
+            )
 
 
 def _sampling(

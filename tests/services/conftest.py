@@ -76,6 +76,8 @@ def start_server(log_dir: Path, model: str | None, **settings: str) -> RunningSe
             "MMGATE_PORT": str(port),
             "MMGATE_ENGINE__KV_CACHE_MEMORY_BYTES": str(256 * MiB),
             "MMGATE_ENGINE__MAX_MODEL_LEN": "1024",
+            # the oversized-message tests are written against 4 MiB
+            "MMGATE_MAX_MESSAGE_BYTES": str(4 * MiB),
             "MMGATE_LOG_LEVEL": "INFO",
             "HF_HUB_OFFLINE": "1",
             "TOKENIZERS_PARALLELISM": "false",

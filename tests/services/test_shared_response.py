@@ -30,6 +30,7 @@ class PacedEngine:
         prompt_token_ids: list[int],
         sampling: Sampling,
         trace_headers: Mapping[str, str] | None = None,
+        images: object = None,
     ) -> AsyncGenerator[EngineDelta, None]:
         self.runs += 1
         yield EngineDelta("Hello", (1,))

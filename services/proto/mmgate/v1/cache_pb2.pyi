@@ -1,6 +1,7 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -93,24 +94,47 @@ class EngineCacheStats(_message.Message):
     aborted: int
     def __init__(self, prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., prefix_cache_hit_ratio: _Optional[float] = ..., requests: _Optional[int] = ..., requests_with_cached_prefix: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., aborted: _Optional[int] = ...) -> None: ...
 
+class MediaStats(_message.Message):
+    __slots__ = ("decodes", "decode_seconds", "encodes", "encode_seconds", "rejected", "not_held")
+    DECODES_FIELD_NUMBER: _ClassVar[int]
+    DECODE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ENCODES_FIELD_NUMBER: _ClassVar[int]
+    ENCODE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    NOT_HELD_FIELD_NUMBER: _ClassVar[int]
+    decodes: int
+    decode_seconds: float
+    encodes: int
+    encode_seconds: float
+    rejected: int
+    not_held: int
+    def __init__(self, decodes: _Optional[int] = ..., decode_seconds: _Optional[float] = ..., encodes: _Optional[int] = ..., encode_seconds: _Optional[float] = ..., rejected: _Optional[int] = ..., not_held: _Optional[int] = ...) -> None: ...
+
 class GetStatsResponse(_message.Message):
-    __slots__ = ("actor", "engine", "model")
+    __slots__ = ("actor", "engine", "model", "media_mode", "media")
     ACTOR_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    MEDIA_MODE_FIELD_NUMBER: _ClassVar[int]
+    MEDIA_FIELD_NUMBER: _ClassVar[int]
     actor: ActorStats
     engine: EngineCacheStats
     model: str
-    def __init__(self, actor: _Optional[_Union[ActorStats, _Mapping]] = ..., engine: _Optional[_Union[EngineCacheStats, _Mapping]] = ..., model: _Optional[str] = ...) -> None: ...
+    media_mode: str
+    media: MediaStats
+    def __init__(self, actor: _Optional[_Union[ActorStats, _Mapping]] = ..., engine: _Optional[_Union[EngineCacheStats, _Mapping]] = ..., model: _Optional[str] = ..., media_mode: _Optional[str] = ..., media: _Optional[_Union[MediaStats, _Mapping]] = ...) -> None: ...
 
 class InspectRequest(_message.Message):
-    __slots__ = ("key",)
+    __slots__ = ("key", "digest")
     KEY_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
     key: str
-    def __init__(self, key: _Optional[str] = ...) -> None: ...
+    digest: str
+    def __init__(self, key: _Optional[str] = ..., digest: _Optional[str] = ...) -> None: ...
 
-class InspectResponse(_message.Message):
-    __slots__ = ("key", "state", "bytes", "age_seconds", "hits", "tier", "waiters")
+class StageEntry(_message.Message):
+    __slots__ = ("stage", "key", "state", "bytes", "age_seconds", "hits", "tier", "waiters")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -118,6 +142,7 @@ class InspectResponse(_message.Message):
     HITS_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     WAITERS_FIELD_NUMBER: _ClassVar[int]
+    stage: str
     key: str
     state: str
     bytes: int
@@ -125,16 +150,58 @@ class InspectResponse(_message.Message):
     hits: int
     tier: str
     waiters: int
-    def __init__(self, key: _Optional[str] = ..., state: _Optional[str] = ..., bytes: _Optional[int] = ..., age_seconds: _Optional[float] = ..., hits: _Optional[int] = ..., tier: _Optional[str] = ..., waiters: _Optional[int] = ...) -> None: ...
+    def __init__(self, stage: _Optional[str] = ..., key: _Optional[str] = ..., state: _Optional[str] = ..., bytes: _Optional[int] = ..., age_seconds: _Optional[float] = ..., hits: _Optional[int] = ..., tier: _Optional[str] = ..., waiters: _Optional[int] = ...) -> None: ...
+
+class InspectResponse(_message.Message):
+    __slots__ = ("key", "state", "bytes", "age_seconds", "hits", "tier", "waiters", "stages")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    WAITERS_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    state: str
+    bytes: int
+    age_seconds: float
+    hits: int
+    tier: str
+    waiters: int
+    stages: _containers.RepeatedCompositeFieldContainer[StageEntry]
+    def __init__(self, key: _Optional[str] = ..., state: _Optional[str] = ..., bytes: _Optional[int] = ..., age_seconds: _Optional[float] = ..., hits: _Optional[int] = ..., tier: _Optional[str] = ..., waiters: _Optional[int] = ..., stages: _Optional[_Iterable[_Union[StageEntry, _Mapping]]] = ...) -> None: ...
 
 class InvalidateRequest(_message.Message):
-    __slots__ = ("key",)
+    __slots__ = ("key", "digest")
     KEY_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
     key: str
-    def __init__(self, key: _Optional[str] = ...) -> None: ...
+    digest: str
+    def __init__(self, key: _Optional[str] = ..., digest: _Optional[str] = ...) -> None: ...
 
 class InvalidateResponse(_message.Message):
     __slots__ = ("removed",)
     REMOVED_FIELD_NUMBER: _ClassVar[int]
     removed: bool
     def __init__(self, removed: _Optional[bool] = ...) -> None: ...
+
+class PrefetchRequest(_message.Message):
+    __slots__ = ("data", "mime_type")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    MIME_TYPE_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    mime_type: str
+    def __init__(self, data: _Optional[bytes] = ..., mime_type: _Optional[str] = ...) -> None: ...
+
+class PrefetchResponse(_message.Message):
+    __slots__ = ("digest", "outcome", "tier", "form")
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    FORM_FIELD_NUMBER: _ClassVar[int]
+    digest: str
+    outcome: str
+    tier: str
+    form: str
+    def __init__(self, digest: _Optional[str] = ..., outcome: _Optional[str] = ..., tier: _Optional[str] = ..., form: _Optional[str] = ...) -> None: ...

@@ -39,6 +39,11 @@ class CacheStub:
                 request_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_cache__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_cache__pb2.GetStatsResponse.FromString,
                 _registered_method=True)
+        self.Prefetch = channel.unary_unary(
+                '/mmgate.v1.Cache/Prefetch',
+                request_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_cache__pb2.PrefetchRequest.SerializeToString,
+                response_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_cache__pb2.PrefetchResponse.FromString,
+                _registered_method=True)
         self.Inspect = channel.unary_unary(
                 '/mmgate.v1.Cache/Inspect',
                 request_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_cache__pb2.InspectRequest.SerializeToString,
@@ -55,6 +60,12 @@ class CacheServicer:
     """Missing associated documentation comment in .proto file."""
 
     def GetStats(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Prefetch(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -79,6 +90,11 @@ def add_CacheServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_cache__pb2.GetStatsRequest.FromString,
                     response_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_cache__pb2.GetStatsResponse.SerializeToString,
+            ),
+            'Prefetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.Prefetch,
+                    request_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_cache__pb2.PrefetchRequest.FromString,
+                    response_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_cache__pb2.PrefetchResponse.SerializeToString,
             ),
             'Inspect': grpc.unary_unary_rpc_method_handler(
                     servicer.Inspect,
@@ -118,6 +134,33 @@ class Cache:
             '/mmgate.v1.Cache/GetStats',
             services_dot_proto_dot_mmgate_dot_v1_dot_cache__pb2.GetStatsRequest.SerializeToString,
             services_dot_proto_dot_mmgate_dot_v1_dot_cache__pb2.GetStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Prefetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mmgate.v1.Cache/Prefetch',
+            services_dot_proto_dot_mmgate_dot_v1_dot_cache__pb2.PrefetchRequest.SerializeToString,
+            services_dot_proto_dot_mmgate_dot_v1_dot_cache__pb2.PrefetchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -67,19 +67,31 @@ class SamplingParams(_message.Message):
     ignore_eos: bool
     def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
+class Image(_message.Message):
+    __slots__ = ("data", "digest", "mime_type")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    MIME_TYPE_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    digest: str
+    mime_type: str
+    def __init__(self, data: _Optional[bytes] = ..., digest: _Optional[str] = ..., mime_type: _Optional[str] = ...) -> None: ...
+
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "chat", "sampling", "request_id", "cache_policy")
+    __slots__ = ("prompt", "chat", "sampling", "request_id", "cache_policy", "images")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CACHE_POLICY_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     chat: Chat
     sampling: SamplingParams
     request_id: str
     cache_policy: CachePolicy
-    def __init__(self, prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., cache_policy: _Optional[_Union[CachePolicy, str]] = ...) -> None: ...
+    images: _containers.RepeatedCompositeFieldContainer[Image]
+    def __init__(self, prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., cache_policy: _Optional[_Union[CachePolicy, str]] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "cached_prompt_tokens")
@@ -105,15 +117,29 @@ class CacheLookup(_message.Message):
     wait_ms: float
     def __init__(self, stage: _Optional[str] = ..., key: _Optional[str] = ..., outcome: _Optional[str] = ..., tier: _Optional[str] = ..., wait_ms: _Optional[float] = ...) -> None: ...
 
+class ImageReport(_message.Message):
+    __slots__ = ("digest", "outcome", "tier", "form")
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    FORM_FIELD_NUMBER: _ClassVar[int]
+    digest: str
+    outcome: str
+    tier: str
+    form: str
+    def __init__(self, digest: _Optional[str] = ..., outcome: _Optional[str] = ..., tier: _Optional[str] = ..., form: _Optional[str] = ...) -> None: ...
+
 class CacheReport(_message.Message):
-    __slots__ = ("lookups", "cached_prompt_tokens", "response_from_cache")
+    __slots__ = ("lookups", "cached_prompt_tokens", "response_from_cache", "images")
     LOOKUPS_FIELD_NUMBER: _ClassVar[int]
     CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_FROM_CACHE_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     lookups: _containers.RepeatedCompositeFieldContainer[CacheLookup]
     cached_prompt_tokens: int
     response_from_cache: bool
-    def __init__(self, lookups: _Optional[_Iterable[_Union[CacheLookup, _Mapping]]] = ..., cached_prompt_tokens: _Optional[int] = ..., response_from_cache: _Optional[bool] = ...) -> None: ...
+    images: _containers.RepeatedCompositeFieldContainer[ImageReport]
+    def __init__(self, lookups: _Optional[_Iterable[_Union[CacheLookup, _Mapping]]] = ..., cached_prompt_tokens: _Optional[int] = ..., response_from_cache: _Optional[bool] = ..., images: _Optional[_Iterable[_Union[ImageReport, _Mapping]]] = ...) -> None: ...
 
 class TokenDelta(_message.Message):
     __slots__ = ("text", "token_ids")
