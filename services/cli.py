@@ -2,6 +2,7 @@
 
 mmgate serve [--port 50051 --engine.model PATH ...]   settings: env MMGATE_*, flags override
 mmgate generate "What is the capital of France?" [--stream] [--max-tokens N] [--raw]
+mmgate generate "What is in the picture?" --image photo.jpg   (a vision model)
 mmgate stats [--target HOST:PORT]
 mmgate models prepare [--cache DIR]
 """
@@ -39,6 +40,7 @@ async def _generate(args: argparse.Namespace) -> int:
         "temperature": args.temperature,
         "seed": args.seed,
         "cache_policy": args.cache_policy,
+        "images": args.image_bytes,
     }
     async with MmgateClient(args.target, tenant=args.tenant, timeout=args.timeout) as client:
         if args.stream:
@@ -58,6 +60,12 @@ async def _stats(args: argparse.Namespace) -> int:
     a, e = stats.actor, stats.engine
     rows = [
         ("model", stats.model),
+        ("media mode", stats.media_mode),
+        (
+            "  decoded, encoded (mmgate)",
+            f"{stats.media.decodes}, {stats.media.encodes}",
+        ),
+        ("  refused, not held", f"{stats.media.rejected}, {stats.media.not_held}"),
         ("media/prompt cache (actor)", ""),
         ("  lookups: hit / miss / coalesced", f"{a.hits} / {a.misses} / {a.coalesced}"),
         ("  hit ratio", f"{a.hit_ratio:.3f}"),
@@ -104,6 +112,12 @@ def _parser() -> argparse.ArgumentParser:
         "--cache-policy", choices=["prompt", "response", "bypass"], default="prompt"
     )
     generate.add_argument("--tenant")
+    generate.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        help="an image file (PNG, JPEG, WebP) for each <image> in the prompt; repeatable",
+    )
 
     stats = commands.add_parser("stats", help="cache levels and actor health")
     models = commands.add_parser("models", help="model files")
@@ -123,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "generate":
+            args.image_bytes = [Path(path).read_bytes() for path in args.image]
             return asyncio.run(_generate(args))
         if args.command == "stats":
             return asyncio.run(_stats(args))

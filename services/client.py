@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -180,16 +180,17 @@ class MmgateClient:
 
     async def generate(
         self, request: inference_pb2.GenerateRequest, *, timeout: float | None = None
-    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
-        """The raw stream: deltas, then one final message."""
+    ) -> AsyncGenerator[inference_pb2.GenerateResponse, None]:
+        """The raw stream: deltas, then one final message; closing it early cancels the call."""
         slim = self.held.by_reference(request)
         attempts = [slim, request] if slim is not None else [request]
         for attempt in attempts:
             started = False
+            call = self.inference.Generate(
+                attempt, timeout=timeout or self.timeout, metadata=self.metadata
+            )
             try:
-                async for event in self.inference.Generate(
-                    attempt, timeout=timeout or self.timeout, metadata=self.metadata
-                ):
+                async for event in call:
                     started = True
                     if event.HasField("final"):
                         self.held.learn(event.final)
@@ -200,6 +201,9 @@ class MmgateClient:
                 if attempt is request or started or not image_not_found(error):
                     raise
                 self.held.forget(attempt)
+            finally:
+                # closing this generator early (aclose, break) ends the call on the server
+                call.cancel()
 
     async def stream_text(self, prompt: str | None = None, **options: Any) -> AsyncIterator[str]:
         async for event in self.generate(build_request(prompt, **options)):

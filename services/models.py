@@ -357,13 +357,22 @@ def _tiny_corpus() -> Iterator[str]:
 
 
 def _main(argv: list[str]) -> int:
-    """``prepare [CACHE_DIR]`` or ``tiny PATH [SEED]``: prints the model directory."""
-    usage = "usage: python -m services.models prepare [CACHE_DIR] | tiny PATH [SEED]"
+    """``prepare [CACHE_DIR]``, ``tiny PATH [SEED]`` or ``tiny-llava PATH [SEED]``: prints the
+    model directory."""
+    usage = (
+        "usage: python -m services.models prepare [CACHE_DIR] | tiny PATH [SEED]"
+        " | tiny-llava PATH [SEED]"
+    )
     if argv[:1] == ["prepare"] and len(argv) <= 2:
         print(prepare_default_model(Path(argv[1]) if len(argv) == 2 else None))
         return 0
     if argv[:1] == ["tiny"] and len(argv) in (2, 3):
         print(build_tiny_model(Path(argv[1]), seed=int(argv[2]) if len(argv) == 3 else 0))
+        return 0
+    if argv[:1] == ["tiny-llava"] and len(argv) in (2, 3):
+        from .tiny_llava import build_tiny_llava  # imports this module
+
+        print(build_tiny_llava(Path(argv[1]), seed=int(argv[2]) if len(argv) == 3 else 0))
         return 0
     print(usage, file=sys.stderr)
     return 2

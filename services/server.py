@@ -125,10 +125,16 @@ class MmgateServer:
             return None
         encoder = None
         if settings.mode != "pixels":
-            encoder = VisionEncoder.load(
-                Path(self.engine.model_path),
-                dtype=settings.encoder_dtype or self.settings.engine.dtype,
-            )
+            try:
+                encoder = VisionEncoder.load(
+                    Path(self.engine.model_path),
+                    dtype=settings.encoder_dtype or self.engine.dtype,
+                )
+            except (ValueError, OSError) as exc:
+                if settings.mode == "embeddings":
+                    raise
+                # auto: a LLaVA variant this encoder does not reproduce; vLLM encodes it
+                log.warning("not running the vision encoder in mmgate: %s", exc)
             if encoder is None and settings.mode == "embeddings":
                 raise RuntimeError(
                     f"media mode 'embeddings': mmgate cannot run the vision encoder of "

@@ -8,6 +8,7 @@ from services.client import MmgateClient, build_request
 from services.proto.mmgate.v1 import inference_pb2 as pb
 
 from .conftest import violated_fields
+from .imagegen import png
 
 
 def chat_request(**sampling: object) -> pb.GenerateRequest:
@@ -72,3 +73,19 @@ async def test_bad_requests_reach_neither_cache_nor_engine(client: MmgateClient)
     assert after.actor.misses + after.actor.hits - (before.actor.misses + before.actor.hits) <= 2
     answer = await client.complete("Still there?", max_tokens=3, ignore_eos=True)
     assert answer.final.usage.completion_tokens == 3
+
+
+async def test_a_text_model_refuses_images_before_any_image_work(client: MmgateClient) -> None:
+    stats = await client.stats()
+    assert stats.media_mode == "none"
+    request = build_request("What is this?", images=[png(1)], max_tokens=4)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await client.complete_request(request)
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert stats.model in (caught.value.details() or "")
+    with pytest.raises(grpc.aio.AioRpcError) as prefetched:
+        await client.prefetch(png(2))
+    assert prefetched.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    after = await client.stats()
+    assert after.media.decodes == after.media.rejected == 0
+    assert after.actor.misses == stats.actor.misses  # not even the prompt was looked up

@@ -16,8 +16,7 @@ LIMIT = 16  # MMGATE_MAX_CONCURRENT_REQUESTS of the session's server
 async def test_overload_is_refused_and_the_server_recovers(client: MmgateClient) -> None:
     # as long as the context allows, so that none can finish before the 17th call is refused
     request = build_request("Long", max_tokens=990, ignore_eos=True)
-    calls = [client.generate(request) for _ in range(LIMIT)]
-    streams = [aiter(call) for call in calls]
+    streams = [client.generate(request) for _ in range(LIMIT)]
     # every one of them has produced a token: all are in progress
     await asyncio.gather(*(anext(stream) for stream in streams))
 
@@ -27,8 +26,8 @@ async def test_overload_is_refused_and_the_server_recovers(client: MmgateClient)
     reasons = [getattr(d, "reason", None) for d in error_details(caught.value)]
     assert "OVERLOADED" in reasons
 
-    for call in calls:
-        call.cancel()  # type: ignore[attr-defined]
+    for stream in streams:
+        await stream.aclose()  # cancels the call
     assert (await back_to_normal(client)).final.usage.completion_tokens == 2
 
 
