@@ -215,9 +215,12 @@ class EngineWorker:
         factory = _stats_recorder_factory(self._counters)
         # Built in a thread so the loop keeps answering health checks meanwhile; with no loop
         # in that thread, AsyncLLM starts its output handler on the first request instead.
-        engine = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[factory])
-        self._engine = engine
-        self.max_model_len = engine.model_config.max_model_len
+        # (no local name for the engine: a frame kept alive by a library would keep it too, and
+        # its __del__ at interpreter exit then fails)
+        self._engine = await asyncio.to_thread(
+            AsyncLLM.from_engine_args, args, stat_loggers=[factory]
+        )
+        self.max_model_len = self._engine.model_config.max_model_len
         log.info("engine ready: %s (max_model_len %d)", self.model_name, self.max_model_len)
 
     @property
