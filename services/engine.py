@@ -220,7 +220,7 @@ class EngineWorker:
         self._engine = await asyncio.to_thread(
             AsyncLLM.from_engine_args, args, stat_loggers=[factory]
         )
-        self.max_model_len = self._engine.model_config.max_model_len
+        self.max_model_len = self._require().model_config.max_model_len
         log.info("engine ready: %s (max_model_len %d)", self.model_name, self.max_model_len)
 
     @property
