@@ -113,7 +113,13 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
             remaining = context.time_remaining()
             timeout = self.settings.default_deadline_seconds if remaining is None else remaining
             image = inference_pb.Image(data=request.data, mime_type=request.mime_type)
-            report = await media.prefetch(image, tenant_of(context), timeout)
+            try:
+                report = await media.prefetch(image, tenant_of(context), timeout)
+            except InvalidRequest as invalid:
+                # the pipeline names the image as in a GenerateRequest; here it is `data`
+                raise InvalidRequest(
+                    [Violation("data", v.description) for v in invalid.violations]
+                ) from None
         except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
             await abort(context, from_exception(exc))
         return pb.PrefetchResponse(

@@ -4,6 +4,7 @@ pipeline), the real vLLM engine on the tiny LLaVA model, real gRPC over loopback
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -222,3 +223,55 @@ async def test_a_text_request_still_works_on_the_vision_model(client: MmgateClie
     answer = await client.complete("Hello there", max_tokens=4, ignore_eos=True)
     assert answer.final.usage.completion_tokens == 4
     assert not answer.final.cache.images
+
+
+async def test_a_shared_response_is_shared_only_for_the_same_image(client: MmgateClient) -> None:
+    def same_question(data: bytes) -> pb.GenerateRequest:
+        return build_request(
+            "Describe it.", images=[data], max_tokens=6, temperature=0.0, cache_policy="response"
+        )
+
+    first = await client.complete_request(same_question(png(501)))
+    again = await client.complete_request(same_question(png(501)))
+    other = await client.complete_request(same_question(png(502)))
+    assert not first.final.cache.response_from_cache
+    assert again.final.cache.response_from_cache
+    assert again.token_ids == first.token_ids
+    # same text, same sampling, another image: generated afresh, never the first one's answer
+    assert not other.final.cache.response_from_cache
+
+
+async def test_prefetch_names_the_bad_field(client: MmgateClient) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await client.prefetch(corrupt_png(9))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert violated_fields(caught.value) == {"data"}
+
+
+async def test_the_cli_sends_an_image_file_and_shows_the_mode(
+    server: MmgateServer, tmp_path: Path
+) -> None:
+    picture = tmp_path / "picture.png"
+    picture.write_bytes(png(601))
+    target = f"127.0.0.1:{server.port}"
+
+    async def mmgate(*args: str) -> str:
+        # a child process: this test's loop serves the server meanwhile
+        child = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "services.cli",
+            *args,
+            "--target",
+            target,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(child.communicate(), 120)
+        assert child.returncode == 0, err.decode()[-2000:]
+        return out.decode()
+
+    answer = await mmgate("generate", "What is this?", "--image", str(picture), "--max-tokens", "4")
+    assert answer.strip()
+    table = await mmgate("stats")
+    assert "embeddings" in table
