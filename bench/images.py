@@ -105,6 +105,7 @@ def settings(model: Path, mode: str) -> Settings:
             "kv_cache_memory_bytes": 128 * MiB,
             "dtype": "float32",
         },
+        metrics={"port": 0},
         media={"mode": mode},
     )
 

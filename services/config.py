@@ -103,6 +103,38 @@ class MediaSettings(BaseModel):
     """The vision encoder's dtype (embeddings mode); unset: the engine's."""
 
 
+class TracingSettings(BaseModel):
+    """OpenTelemetry traces, exported over OTLP (Jaeger ingests it natively). The standard
+    ``OTEL_*`` variables apply where these are unset (docs/observability.md)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    endpoint: str | None = None
+    """OTLP endpoint (grpc: host:port; http: its URL); unset: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
+    or OTEL_EXPORTER_OTLP_ENDPOINT, and with neither, no tracing at all (nothing recorded)."""
+    protocol: Literal["grpc", "http/protobuf"] | None = None
+    """OTLP transport; unset: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL / OTEL_EXPORTER_OTLP_PROTOCOL,
+    else grpc."""
+    sample_ratio: float | None = Field(None, ge=0, le=1)
+    """Share of new traces recorded (a client's sampled traceparent is always followed); unset:
+    OTEL_TRACES_SAMPLER_ARG, else 1."""
+    service_name: str | None = None
+    """service.name of the spans; unset: OTEL_SERVICE_NAME, else "mmgate"."""
+
+
+class MetricsSettings(BaseModel):
+    """Prometheus metrics, served on their own HTTP port at /metrics."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    enabled: bool = True
+    """Serve /metrics."""
+    host: str = "127.0.0.1"
+    """Address of the metrics HTTP server."""
+    port: int = Field(9464, ge=0, le=65535)
+    """Port of the metrics HTTP server (0: any free port)."""
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="MMGATE_",
@@ -123,6 +155,8 @@ class Settings(BaseSettings):
     engine: EngineSettings = Field(default_factory=EngineSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
     media: MediaSettings = Field(default_factory=MediaSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     max_message_bytes: int = Field(32 * MiB, gt=0)
     """Largest request; up to twice this gets INVALID_ARGUMENT, beyond that gRPC refuses it."""
     max_prompt_chars: int = Field(200_000, gt=0)
@@ -141,3 +175,5 @@ class Settings(BaseSettings):
     """On SIGTERM: how long requests in progress may finish before they are cancelled."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Log level of mmgate's own loggers."""
+    log_format: Literal["text", "json"] = "text"
+    """text, or one JSON object a line; both carry the trace and span ids of the request."""

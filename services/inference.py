@@ -35,6 +35,7 @@ from .config import Settings
 from .engine import EngineDelta, EngineUnavailable, EngineWorker, Sampling
 from .errors import ServiceError, abort, from_exception
 from .media import EngineImages, MediaPipeline
+from .observers import stage
 from .prompts import RenderedPrompt, cache_key, prompt_payload, render
 from .proto.mmgate.v1 import inference_pb2 as pb
 from .proto.mmgate.v1 import inference_pb2_grpc
@@ -275,12 +276,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             rendered = await render(tokenizer, checked)
             lookups.append(_report("prompt", key, None, started))
             return rendered
-        lookup: Lookup[RenderedPrompt] = await self.cache.get(
-            key,
-            lambda: render(tokenizer, checked),
-            tenant=tenant,
-            timeout=_left(deadline),
-        )
+        with stage("prompt"):
+            lookup: Lookup[RenderedPrompt] = await self.cache.get(
+                key,
+                lambda: render(tokenizer, checked),
+                tenant=tenant,
+                timeout=_left(deadline),
+            )
         lookups.append(_report("prompt", key, lookup, started))
         return lookup.value
 
@@ -344,9 +346,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             return recording
 
         started = time.perf_counter()
-        lookup: Lookup[ResponseRecording] = await self.cache.get(
-            key, start_recording, tenant=tenant, timeout=_left(deadline)
-        )
+        with stage("response"):
+            lookup: Lookup[ResponseRecording] = await self.cache.get(
+                key, start_recording, tenant=tenant, timeout=_left(deadline)
+            )
         recording = lookup.value
         report = _report("response", key, lookup, started)
         if lookup.outcome is Outcome.HIT and not recording.done:

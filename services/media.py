@@ -32,6 +32,7 @@ from PIL import Image
 from cache_actor import CacheActor, Lookup
 
 from .encoder import tensor_nbytes
+from .observers import stage
 from .prompts import cache_key
 from .proto.mmgate.v1 import inference_pb2 as pb
 from .validation import InvalidRequest, Violation
@@ -286,9 +287,10 @@ class MediaPipeline:
             self.stats.encode_seconds += time.perf_counter() - started
             return Embedding(tensor)
 
-        lookup: Lookup[Embedding] = await self.cache.get(
-            self.embedding_key(source.digest), encode, tenant=tenant, timeout=_left(deadline)
-        )
+        with stage("embedding"):
+            lookup: Lookup[Embedding] = await self.cache.get(
+                self.embedding_key(source.digest), encode, tenant=tenant, timeout=_left(deadline)
+            )
         return lookup
 
     async def _decoded(self, source: _Source, tenant: str, deadline: float) -> Lookup[DecodedImage]:
@@ -316,9 +318,10 @@ class MediaPipeline:
                 await observe(decoded, tenant)
             return decoded
 
-        lookup: Lookup[DecodedImage] = await self.cache.get(
-            self.image_key(source.digest), load, tenant=tenant, timeout=_left(deadline)
-        )
+        with stage("image"):
+            lookup: Lookup[DecodedImage] = await self.cache.get(
+                self.image_key(source.digest), load, tenant=tenant, timeout=_left(deadline)
+            )
         return lookup
 
     async def prefetch(self, image: pb.Image, tenant: str, timeout: float) -> pb.ImageReport:

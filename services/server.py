@@ -34,8 +34,11 @@ from .encoder import VisionEncoder
 from .engine import EngineWorker
 from .inference import InferenceServicer
 from .media import MediaPipeline
+from .metrics import Metrics
 from .models import model_config
+from .observers import Observers
 from .proto.mmgate.v1 import cache_pb2, cache_pb2_grpc, inference_pb2, inference_pb2_grpc
+from .tracing import Tracing
 
 log = logging.getLogger("mmgate.server")
 
@@ -61,19 +64,29 @@ def resolve_model(settings: Settings) -> str:
 class MmgateServer:
     def __init__(self, settings: Settings, *, model: str | None = None) -> None:
         self.settings = settings
-        self.cache: CacheActor[Any] = CacheActor(settings.cache.actor_config())
+        self.tracing = Tracing(settings)
+        self.metrics = Metrics(settings)
+        hooks = [h for h in (self.tracing.lookup_hook, self.metrics.lookup_hook) if h is not None]
+        self.cache: CacheActor[Any] = CacheActor(
+            settings.cache.actor_config(), hook=Observers(hooks) if hooks else None
+        )
         self.engine = EngineWorker(settings.engine, model)
         self.health = HealthServicer()
         self.inference = InferenceServicer(settings, self.engine, self.cache)
         self.cache_service = CacheServicer(settings, self.cache, self.engine)
         self.server = grpc.aio.server(
+            # tracing outermost: its server span covers the metrics interceptor's work too
+            interceptors=[
+                *self.tracing.server_interceptors(),
+                *self.metrics.server_interceptors(),
+            ],
             options=[
                 # messages up to twice the limit reach validation, which names the field;
                 # beyond that gRPC itself answers RESOURCE_EXHAUSTED
                 ("grpc.max_receive_message_length", 2 * settings.max_message_bytes),
                 ("grpc.max_send_message_length", 2 * settings.max_message_bytes),
                 ("grpc.so_reuseport", 0),
-            ]
+            ],
         )
         inference_pb2_grpc.add_InferenceServicer_to_server(self.inference, self.server)
         cache_pb2_grpc.add_CacheServicer_to_server(self.cache_service, self.server)
@@ -99,6 +112,9 @@ class MmgateServer:
             await self.health.set(service, NOT_SERVING)
         await self.health.set(LIVENESS, SERVING)
         await self.server.start()
+        if self.settings.metrics.enabled:
+            self.metrics.bind(self)
+            self.metrics.start()
         log.info("listening on %s:%d; starting the engine", self.settings.host, self.port)
         if not self.engine.model_path:
             # the first start converts the embedded default model (~20 s): off the loop
@@ -183,6 +199,8 @@ class MmgateServer:
         await self.inference.close()
         await self.engine.close()
         await self.cache.aclose()
+        self.metrics.stop()
+        await self.tracing.shutdown()
         self._stopped.set()
         log.info("stopped")
 

@@ -78,6 +78,8 @@ def start_server(log_dir: Path, model: str | None, **settings: str) -> RunningSe
             "MMGATE_ENGINE__MAX_MODEL_LEN": "1024",
             # the oversized-message tests are written against 4 MiB
             "MMGATE_MAX_MESSAGE_BYTES": str(4 * MiB),
+            # several servers run at once: each its own free metrics port
+            "MMGATE_METRICS__PORT": "0",
             "MMGATE_LOG_LEVEL": "INFO",
             "HF_HUB_OFFLINE": "1",
             "TOKENIZERS_PARALLELISM": "false",

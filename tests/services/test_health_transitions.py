@@ -18,7 +18,7 @@ async def status(server: MmgateServer, service: str) -> int:
 
 
 async def test_readiness_needs_the_engine_and_liveness_the_actor(tmp_path: Path) -> None:
-    server = MmgateServer(Settings(port=0), model=str(tmp_path))
+    server = MmgateServer(Settings(port=0, metrics={"port": 0}), model=str(tmp_path))
     server.cache.start()
     try:
         await server._update_health()

@@ -43,6 +43,7 @@ async def server(llava_model: Path) -> AsyncIterator[MmgateServer]:
             "kv_cache_memory_bytes": 128 * MiB,
             "dtype": "float32",
         },
+        metrics={"port": 0},
         max_concurrent_requests=16,
     )
     running = MmgateServer(settings, model=str(llava_model))
