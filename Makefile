@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(ENGINE)
 HOST ?= 127.0.0.1
 PORT ?= 50051
 
-.PHONY: all install test lint typecheck unit proto serve bench bench-cache bench-service bench-images clean
+.PHONY: all install test lint typecheck unit proto serve bench bench-cache bench-service bench-images bench-observability clean
 
 all: test
 
@@ -45,10 +45,23 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+# the metrics tests lint /metrics with promtool
+unit: $(STAMP) promtool
 	$(BIN)/pytest
 
-test: lint typecheck unit
+.PHONY: promtool rules
+
+# promtool (Debian's `prometheus` package) checks and unit-tests deploy/prometheus, and
+# tests/services/test_metrics.py lints /metrics with it; sudo only where not root
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+promtool:
+	@command -v promtool >/dev/null || ($(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null)
+
+rules: promtool
+	promtool check rules deploy/prometheus/*_rules.yml
+	promtool test rules deploy/prometheus/rules_test.yml
+
+test: lint typecheck rules unit
 
 serve: $(STAMP)
 	$(BIN)/mmgate models prepare
@@ -63,7 +76,10 @@ bench-service: $(STAMP)
 bench-images: $(STAMP)
 	$(BIN)/python -m bench.images
 
-bench: bench-cache bench-service bench-images
+bench-observability: $(STAMP)
+	$(BIN)/python -m bench.observability
+
+bench: bench-cache bench-service bench-images bench-observability
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -3,7 +3,7 @@
 mmgate serve [--port 50051 --engine.model PATH ...]   settings: env MMGATE_*, flags override
 mmgate generate "What is the capital of France?" [--stream] [--max-tokens N] [--raw]
 mmgate generate "What is in the picture?" --image photo.jpg   (a vision model)
-mmgate stats [--target HOST:PORT]
+mmgate stats [--target HOST:PORT] [--watch [SECONDS] [--count N]]
 mmgate models prepare [--cache DIR]
 """
 
@@ -11,24 +11,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
+import contextlib
+import signal
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
 
 from .client import DEFAULT_TARGET, MmgateClient
+from .stats_view import render_stats
 
 
 def _serve(argv: Sequence[str]) -> int:
     from .config import Settings
+    from .logs import configure_logging
     from .server import serve
 
     settings = Settings(_cli_parse_args=list(argv))
-    logging.basicConfig(
-        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    # each line carries the trace and span ids of the request it was logged in
+    configure_logging(settings.log_level, settings.log_format)
     asyncio.run(serve(settings))
     return 0
 
@@ -55,33 +58,60 @@ async def _generate(args: argparse.Namespace) -> int:
 
 
 async def _stats(args: argparse.Namespace) -> int:
+    if args.count is not None and args.watch is None:
+        sys.stderr.write("mmgate stats: --count needs --watch\n")
+        return 2
     async with MmgateClient(args.target, timeout=args.timeout) as client:
-        stats = await client.stats()
-    a, e = stats.actor, stats.engine
-    rows = [
-        ("model", stats.model),
-        ("media mode", stats.media_mode),
-        (
-            "  decoded, encoded (mmgate)",
-            f"{stats.media.decodes}, {stats.media.encodes}",
-        ),
-        ("  refused, not held", f"{stats.media.rejected}, {stats.media.not_held}"),
-        ("media/prompt cache (actor)", ""),
-        ("  lookups: hit / miss / coalesced", f"{a.hits} / {a.misses} / {a.coalesced}"),
-        ("  hit ratio", f"{a.hit_ratio:.3f}"),
-        ("  entries, bytes", f"{a.entries}, {a.bytes}"),
-        ("  flights, waiters, mailbox", f"{a.flights}, {a.waiters}, {a.mailbox_depth}"),
-        ("  alive, loop lag", f"{a.alive}, {a.loop_lag_seconds * 1000:.1f} ms"),
-        ("engine prefix cache", ""),
-        ("  tokens queried / hit", f"{e.prefix_cache_queries} / {e.prefix_cache_hits}"),
-        ("  hit ratio", f"{e.prefix_cache_hit_ratio:.3f}"),
-        ("  requests / with cached prefix", f"{e.requests} / {e.requests_with_cached_prefix}"),
-        ("  running, waiting, KV usage", f"{e.running}, {e.waiting}, {e.kv_cache_usage:.3f}"),
-    ]
-    width = max(len(name) for name, _ in rows)
-    for name, value in rows:
-        sys.stdout.write(f"{name:<{width}}  {value}\n")
+        if args.watch is None:
+            sys.stdout.write(render_stats(await client.stats()))
+            return 0
+        await _watch_stats(client, args.target, args.watch, args.count)
     return 0
+
+
+async def _watch_stats(
+    client: MmgateClient, target: str, interval: float, count: int | None
+) -> None:
+    """Redraw the stats every ``interval`` seconds until Ctrl-C, or ``count`` tables."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    tty = sys.stdout.isatty()
+    shown = 0
+    try:
+        while True:
+            table = render_stats(await client.stats())  # bounded by the client's timeout
+            heading = (
+                f"mmgate stats {target}, every {interval:g} s, {time.strftime('%H:%M:%S')}\n\n"
+            )
+            # on a terminal: home the cursor and clear the screen; piped: tables one after another
+            prefix = "\x1b[H\x1b[2J" if tty else ("\n" if shown else "")
+            sys.stdout.write(prefix + heading + table)
+            sys.stdout.flush()
+            shown += 1
+            if count is not None and shown >= count:
+                return
+            # the refresh interval, cut short by Ctrl-C
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+            if stop.is_set():
+                return
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
+def _positive_count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _interval(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be a positive number of seconds")
+    return value
 
 
 def _models(args: argparse.Namespace) -> int:
@@ -120,6 +150,17 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     stats = commands.add_parser("stats", help="cache levels and actor health")
+    stats.add_argument(
+        "--watch",
+        nargs="?",
+        type=_interval,
+        const=2.0,
+        metavar="SECONDS",
+        help="redraw every SECONDS (default 2) until Ctrl-C",
+    )
+    stats.add_argument(
+        "--count", type=_positive_count, metavar="N", help="with --watch: stop after N tables"
+    )
     models = commands.add_parser("models", help="model files")
     model_commands = models.add_subparsers(dest="models_command", required=True)
     prepare = model_commands.add_parser("prepare", help="convert the embedded default model")

@@ -12,14 +12,17 @@ seconds, and unit tests, the CLI client and the cache actor never need it.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, final
 
 from .config import EngineSettings
+from .spans import EngineTrace
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -98,16 +101,83 @@ class _Counters:
         return EngineStats(**dataclasses.asdict(self))
 
 
-def _stats_recorder_factory(counters: _Counters) -> Any:
-    """A vLLM stat logger that adds the engine's per-step stats into ``counters``.
+# Upper bounds of the time-to-first-token buckets, in seconds (the histogram's `le`).
+TIME_TO_FIRST_TOKEN_BUCKETS = (
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0
+)  # fmt: skip
+# The window of EngineTokenStats.generation_tokens_per_second.
+TOKEN_RATE_INTERVAL_SECONDS = 5.0
 
-    vLLM calls it from its output handler, on this process's event loop, so plain ints do.
+
+@dataclass(frozen=True, slots=True)
+class EngineTokenStats:
+    """Tokens the engine has processed since start, and how soon requests got their first."""
+
+    prompt_tokens: int
+    generation_tokens: int
+    # over the last TOKEN_RATE_INTERVAL_SECONDS or so (0 once the engine is idle that long)
+    generation_tokens_per_second: float
+    # requests per bucket of TIME_TO_FIRST_TOKEN_BUCKETS, then beyond the last (not cumulative)
+    time_to_first_token_counts: tuple[int, ...]
+    time_to_first_token_sum: float
+
+
+@final
+@dataclass(slots=True)
+class _TokenCounters:
+    """EngineTokenStats as they accumulate; mutated by the stat logger only."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    first_token_counts: list[int] = dataclasses.field(
+        default_factory=lambda: [0] * (len(TIME_TO_FIRST_TOKEN_BUCKETS) + 1)
+    )
+    first_token_sum: float = 0.0
+    # the token rate's window: where it starts, and the rate over the window before it
+    window_start: float = dataclasses.field(default_factory=time.monotonic)
+    window_tokens: int = 0
+    last_rate: float = 0.0
+
+    def add(self, prompt_tokens: int, generation_tokens: int, first_tokens: list[float]) -> None:
+        self.prompt_tokens += prompt_tokens
+        self.generation_tokens += generation_tokens
+        for seconds in first_tokens:
+            self.first_token_counts[bisect.bisect_left(TIME_TO_FIRST_TOKEN_BUCKETS, seconds)] += 1
+            self.first_token_sum += seconds
+        now = time.monotonic()
+        if now - self.window_start >= TOKEN_RATE_INTERVAL_SECONDS:
+            self.last_rate = self._rate(now)
+            self.window_start, self.window_tokens = now, self.generation_tokens
+
+    def _rate(self, now: float) -> float:
+        elapsed = now - self.window_start
+        return (self.generation_tokens - self.window_tokens) / elapsed if elapsed > 0 else 0.0
+
+    def snapshot(self) -> EngineTokenStats:
+        now = time.monotonic()
+        # no step has closed the window for a while (an idle engine): the rate over it so far
+        stale = now - self.window_start >= TOKEN_RATE_INTERVAL_SECONDS
+        return EngineTokenStats(
+            prompt_tokens=self.prompt_tokens,
+            generation_tokens=self.generation_tokens,
+            generation_tokens_per_second=self._rate(now) if stale else self.last_rate,
+            time_to_first_token_counts=tuple(self.first_token_counts),
+            time_to_first_token_sum=self.first_token_sum,
+        )
+
+
+def _stats_recorder_factory(counters: _Counters, tokens: _TokenCounters) -> Any:
+    """A vLLM stat logger that adds the engine's per-step stats into ``counters`` and ``tokens``.
+
+    vLLM calls it from its output handler, on this process's event loop, so plain ints do; it
+    runs once per engine step, hence no more than a few additions.
     """
     from vllm.v1.metrics.loggers import StatLoggerBase
 
     class _StatsRecorder(StatLoggerBase):
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             self.counters = counters
+            self.tokens = tokens
 
         def record(
             self,
@@ -129,6 +199,11 @@ def _stats_recorder_factory(counters: _Counters) -> Any:
                     c.requests += 1
                     if finished.num_cached_tokens > 0:
                         c.requests_with_cached_prefix += 1
+                self.tokens.add(
+                    iteration_stats.num_prompt_tokens,
+                    iteration_stats.num_generation_tokens,
+                    iteration_stats.time_to_first_tokens_iter,
+                )
 
         def log_engine_initialized(self) -> None:
             pass
@@ -152,10 +227,13 @@ class EngineWorker:
             self.use_model(model)
         self._engine: AsyncLLM | None = None
         self._counters = _Counters()
+        self._tokens = _TokenCounters()
         self._closed = False
         self.max_model_len = settings.max_model_len
         self._image_limit: int | None = None
         self._image_embeddings = False
+        # vLLM exports its own spans (engine.extra otlp_traces_endpoint): it takes trace headers
+        self.vllm_traces = False
 
     def accept_images(self, *, per_prompt: int, embeddings: bool) -> None:
         """Before start(): take up to ``per_prompt`` images a request, as embeddings too."""
@@ -212,7 +290,7 @@ class EngineWorker:
         if not self.model_path:
             raise EngineUnavailable("no model to serve: call use_model() first")
         args = self.engine_args()
-        factory = _stats_recorder_factory(self._counters)
+        factory = _stats_recorder_factory(self._counters, self._tokens)
         # Built in a thread so the loop keeps answering health checks meanwhile; with no loop
         # in that thread, AsyncLLM starts its output handler on the first request instead.
         # (no local name for the engine: a frame kept alive by a library would keep it too, and
@@ -221,6 +299,8 @@ class EngineWorker:
             AsyncLLM.from_engine_args, args, stat_loggers=[factory]
         )
         self.max_model_len = self._require().model_config.max_model_len
+        observability = getattr(self._require(), "observability_config", None)
+        self.vllm_traces = bool(getattr(observability, "otlp_traces_endpoint", None))
         log.info("engine ready: %s (max_model_len %d)", self.model_name, self.max_model_len)
 
     @property
@@ -237,6 +317,9 @@ class EngineWorker:
 
     def stats(self) -> EngineStats:
         return self._counters.snapshot()
+
+    def token_stats(self) -> EngineTokenStats:
+        return self._tokens.snapshot()
 
     def _require(self) -> AsyncLLM:
         if self._engine is None or self._closed:
@@ -293,16 +376,23 @@ class EngineWorker:
             prompt["multi_modal_data"] = {"image": _image_data(images)}
             # vLLM's processor and prefix caches key on the digest, as mmgate's cache does
             prompt["multi_modal_uuids"] = {"image": list(images.uuids)}
+        span = EngineTrace.start(
+            self.model_name, request_id, sampling, len(prompt_token_ids), images
+        )
         outputs = engine.generate(
             prompt,
             params,
             request_id,
-            trace_headers=trace_headers,
+            # this request's span as the parent of vLLM's; without vLLM tracing it would only
+            # log a warning for each request and drop them
+            trace_headers=span.headers(trace_headers) if self.vllm_traces else None,
         )
+        error: BaseException | None = None
         try:
             # aclosing: leaving early closes vLLM's generator now, which aborts the request
             async with contextlib.aclosing(outputs):
                 async for output in outputs:
+                    span.observe(output)
                     completion = output.outputs[0]
                     finished = output.finished
                     finish_reason = completion.finish_reason if finished else None
@@ -313,7 +403,11 @@ class EngineWorker:
                         num_cached_tokens=output.num_cached_tokens or 0,
                         prompt_tokens=len(output.prompt_token_ids or ()),
                     )
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
+            span.end(error)
             # Counted here: vLLM reports an aborted request among its finished ones only
             # sometimes (when its final "abort" output was delivered before the close).
             if not finished or finish_reason == "abort":

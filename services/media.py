@@ -35,6 +35,7 @@ from .encoder import tensor_nbytes
 from .observers import stage
 from .prompts import cache_key
 from .proto.mmgate.v1 import inference_pb2 as pb
+from .spans import span
 from .validation import InvalidRequest, Violation
 
 if TYPE_CHECKING:
@@ -282,7 +283,8 @@ class MediaPipeline:
         async def encode() -> Embedding:
             decoded = (await self._decoded(source, tenant, deadline)).value
             started = time.perf_counter()
-            tensor = (await asyncio.to_thread(encoder.encode, [decoded.image]))[0]
+            with span("media.encode", {"mmgate.image.tokens": encoder.image_tokens}):
+                tensor = (await asyncio.to_thread(encoder.encode, [decoded.image]))[0]
             self.stats.encodes += 1
             self.stats.encode_seconds += time.perf_counter() - started
             return Embedding(tensor)
@@ -301,13 +303,14 @@ class MediaPipeline:
                 raise ImageNotHeld(source.digest, source.index)
             started = time.perf_counter()
             try:
-                image = await asyncio.to_thread(
-                    decode,
-                    source.data,
-                    source.mime_type,
-                    max_pixels=settings.max_image_pixels,
-                    min_side=settings.min_image_side,
-                )
+                with span("media.decode", {"mmgate.image.bytes": len(source.data)}):
+                    image = await asyncio.to_thread(
+                        decode,
+                        source.data,
+                        source.mime_type,
+                        max_pixels=settings.max_image_pixels,
+                        min_side=settings.min_image_side,
+                    )
             except ImageRejected as exc:
                 self.stats.rejected += 1
                 raise InvalidRequest([Violation(f"images[{source.index}]", str(exc))]) from None

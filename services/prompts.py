@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from .spans import span
 from .validation import IMAGE_PLACEHOLDER, GenerationRequest
 
 
@@ -72,4 +73,8 @@ def _render(tokenizer: Any, request: GenerationRequest) -> RenderedPrompt:
 
 async def render(tokenizer: Any, request: GenerationRequest) -> RenderedPrompt:
     """Render and tokenize off the event loop."""
-    return await asyncio.to_thread(_render, tokenizer, request)
+    with span("prompt.render") as current:
+        rendered = await asyncio.to_thread(_render, tokenizer, request)
+        if current is not None:
+            current.set_attribute("mmgate.prompt.tokens", len(rendered.token_ids))
+        return rendered

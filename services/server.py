@@ -62,9 +62,12 @@ def resolve_model(settings: Settings) -> str:
 
 @final
 class MmgateServer:
-    def __init__(self, settings: Settings, *, model: str | None = None) -> None:
+    def __init__(
+        self, settings: Settings, *, model: str | None = None, tracing: Tracing | None = None
+    ) -> None:
         self.settings = settings
-        self.tracing = Tracing(settings)
+        # tracing: one of the caller's (tests hand in their own span processors)
+        self.tracing = tracing if tracing is not None else Tracing(settings)
         self.metrics = Metrics(settings)
         hooks = [h for h in (self.tracing.lookup_hook, self.metrics.lookup_hook) if h is not None]
         self.cache: CacheActor[Any] = CacheActor(

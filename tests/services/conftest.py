@@ -52,6 +52,15 @@ class RunningServer:
         text = self.log_path.read_text(errors="replace").splitlines()
         return "\n".join(text[-lines:])
 
+    @property
+    def metrics_url(self) -> str:
+        """The /metrics address the server logged at start (its metrics port may be any)."""
+        import re
+
+        found = re.search(r"metrics on (http://\S+/metrics)", self.log_path.read_text("utf-8"))
+        assert found is not None, f"no metrics address in the server's log:\n{self.log()}"
+        return found.group(1)
+
     def client(self, **kwargs: object) -> MmgateClient:
         return MmgateClient(self.target, **kwargs)  # type: ignore[arg-type]
 

@@ -22,6 +22,7 @@ from services.tiny_llava import build_tiny_llava
 
 from .conftest import MiB, error_details, violated_fields
 from .imagegen import corrupt_png, png, png_bomb
+from .prom import promtool_problems, scrape
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -276,3 +277,35 @@ async def test_the_cli_sends_an_image_file_and_shows_the_mode(
     assert answer.strip()
     table = await mmgate("stats")
     assert "embeddings" in table
+
+
+async def test_the_media_level_counts_a_miss_then_a_hit(
+    server: MmgateServer, client: MmgateClient
+) -> None:
+    url = f"http://127.0.0.1:{server.metrics.port}/metrics"
+    before = await scrape(url)
+    data = png(701)
+    await client.complete_request(ask(data))
+    await client.complete_request(ask(data))
+    after = await scrape(url)
+
+    def moved(name: str, **labels: str) -> float:
+        return after.value(name, **labels) - before.value(name, **labels)
+
+    media = "mmgate_cache_media_lookups_total"
+    # the first: the encoder output is missing, and the decoded image its computation asks for
+    assert moved(media, tier="none", outcome="miss") == 2
+    # the second: the encoder output, from memory
+    assert moved(media, tier="memory", outcome="hit") == 1
+    assert after.total(media) - before.total(media) == 3
+    lookups = "mmgate_actor_lookups_total"
+    assert moved(lookups, stage="embedding", outcome="miss", tier="none") == 1
+    assert moved(lookups, stage="image", outcome="miss", tier="none") == 1
+    assert moved(lookups, stage="embedding", outcome="hit", tier="memory") == 1
+    assert (moved("mmgate_media_decodes_total"), moved("mmgate_media_encodes_total")) == (1, 1)
+    served = after.total(media, outcome="hit") + after.total(media, outcome="coalesced")
+    ratio = after.value("mmgate_cache_hit_ratio", level="media")
+    assert ratio == pytest.approx(served / after.total(media))
+    assert ratio > 0
+    assert after.total("mmgate_info", media_mode="embeddings") == 1
+    assert promtool_problems(after.text) == ""

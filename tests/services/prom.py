@@ -1,0 +1,130 @@
+"""Reading /metrics in tests: scrape over HTTP, look samples up, lint with promtool."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+PROMTOOL_FALLBACK = Path("/usr/bin/promtool")
+
+# the names dashboards, alerts and recording rules (deploy/) are written against
+DASHBOARD_NAMES = (
+    "mmgate_cache_page_queried_tokens_total",
+    "mmgate_cache_page_hit_tokens_total",
+    "mmgate_cache_prefix_requests_total",
+    "mmgate_cache_prefix_hit_requests_total",
+    "mmgate_cache_media_lookups_total",
+    "mmgate_cache_hit_ratio",
+    "vllm_cache_hit_rate",
+    "mmgate_actor_lookups_total",
+    "mmgate_actor_lookup_duration_seconds",
+    "mmgate_actor_entries",
+    "mmgate_actor_bytes",
+    "mmgate_actor_flights",
+    "mmgate_actor_waiters",
+    "mmgate_actor_mailbox_depth",
+    "mmgate_actor_mailbox_capacity",
+    "mmgate_actor_loop_lag_seconds",
+    "mmgate_actor_oldest_flight_seconds",
+    "mmgate_actor_alive",
+    "mmgate_actor_tier_breaker_open",
+    "mmgate_actor_evictions_total",
+    "mmgate_actor_evicted_bytes_total",
+    "mmgate_actor_recursion_rejections_total",
+    "mmgate_actor_compute_timeouts_total",
+    "mmgate_actor_tier_errors_total",
+    "mmgate_grpc_requests_total",
+    "mmgate_grpc_request_duration_seconds",
+    "mmgate_grpc_streams_in_flight",
+    "mmgate_engine_running_requests",
+    "mmgate_engine_waiting_requests",
+    "mmgate_engine_kv_cache_usage_ratio",
+    "mmgate_engine_ready",
+    "mmgate_engine_time_to_first_token_seconds",
+    "mmgate_engine_prompt_tokens_total",
+    "mmgate_engine_generation_tokens_total",
+    "mmgate_engine_generation_tokens_per_second",
+    "mmgate_media_decodes_total",
+    "mmgate_media_encodes_total",
+    "mmgate_media_rejected_total",
+    "mmgate_info",
+)
+
+
+@dataclass(frozen=True)
+class Scrape:
+    text: str
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float]
+    types: dict[str, str]  # family name -> type
+
+    def value(self, name: str, /, **labels: str) -> float:
+        """A sample's value; 0 when the series does not exist (yet)."""
+        return self.samples.get((name, frozenset(labels.items())), 0.0)
+
+    def total(self, name: str, /, **labels: str) -> float:
+        """The sum over every series of ``name`` whose labels include ``labels``."""
+        wanted = set(labels.items())
+        return sum(v for (n, ls), v in self.samples.items() if n == name and wanted <= ls)
+
+
+def parse(text: str) -> Scrape:
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+    types: dict[str, str] = {}
+    for family in text_string_to_metric_families(text):
+        types[family.name] = family.type
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return Scrape(text, samples, types)
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        body: bytes = response.read()
+        return body.decode()
+
+
+async def scrape(url: str) -> Scrape:
+    # in a thread: an in-process server answers a scrape on this very event loop
+    return parse(await asyncio.to_thread(_get, url))
+
+
+async def scrape_until(url: str, ready: Callable[[Scrape], bool], timeout: float = 30.0) -> Scrape:
+    """Scrape until ``ready`` holds (what the engine reports lands with its next step)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        current = await scrape(url)
+        if ready(current) or time.monotonic() > deadline:
+            return current
+        await asyncio.sleep(0.1)
+
+
+def promtool() -> str:
+    found = shutil.which("promtool") or (
+        str(PROMTOOL_FALLBACK) if PROMTOOL_FALLBACK.exists() else None
+    )
+    assert found is not None, (
+        "promtool not found: `make promtool` installs it (Debian package `prometheus`)"
+    )
+    return found
+
+
+def promtool_problems(text: str) -> str:
+    """What `promtool check metrics` says of mmgate's series (vLLM's own are exempt)."""
+    ours = "\n".join(line for line in text.splitlines() if "vllm:" not in line) + "\n"
+    result = subprocess.run(
+        [promtool(), "check", "metrics"],
+        input=ours,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return "" if result.returncode == 0 else (result.stdout + result.stderr).strip() or "failed"
