@@ -39,11 +39,10 @@ from PIL import Image, ImageDraw
 from services.client import HeldImages, MmgateClient, build_request, digest_of
 from services.config import Settings
 from services.server import MmgateServer
-from services.tiny_llava import build_tiny_llava
+from services.tiny_llava import build_tiny_llava, engine_settings
 
 from .service import percentile
 
-MiB = 1024 * 1024
 MAX_TOKENS = 8
 ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_LOGGING_LEVEL": "WARNING"}
 
@@ -99,12 +98,7 @@ async def first_token(client: MmgateClient, image: bytes, question: int) -> tupl
 def settings(model: Path, mode: str) -> Settings:
     return Settings(
         port=0,
-        engine={
-            "model": str(model),
-            "max_model_len": 512,
-            "kv_cache_memory_bytes": 128 * MiB,
-            "dtype": "float32",
-        },
+        engine=engine_settings(model),
         metrics={"port": 0},
         media={"mode": mode},
     )

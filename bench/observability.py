@@ -34,9 +34,9 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from services.client import HeldImages, MmgateClient, build_request
 from services.config import Settings
 from services.server import MmgateServer
-from services.tiny_llava import build_tiny_llava
+from services.tiny_llava import build_tiny_llava, engine_settings
 
-from .images import ENV, MiB, photo
+from .images import ENV, photo
 from .service import percentile
 
 MAX_TOKENS = 4
@@ -57,20 +57,22 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
-def settings(model: Path, *, observed: bool, otlp_port: int) -> Settings:
-    engine = {
-        "model": str(model),
-        "max_model_len": 512,
-        "kv_cache_memory_bytes": 128 * MiB,
-        "dtype": "float32",
-    }
+def settings(
+    model: Path, *, observed: bool, otlp_port: int, observe: str = "both", ratio: float = 1.0
+) -> Settings:
+    engine = engine_settings(model)
     if not observed:
         return Settings(port=0, engine=engine, metrics={"enabled": False})
+    traces = observe in ("both", "traces")
     return Settings(
         port=0,
         engine=engine,
-        metrics={"port": 0},
-        tracing={"endpoint": f"127.0.0.1:{otlp_port}", "protocol": "grpc"},
+        metrics={"port": 0, "enabled": observe in ("both", "metrics")},
+        tracing={
+            "endpoint": f"127.0.0.1:{otlp_port}" if traces else None,
+            "protocol": "grpc",
+            "sample_ratio": ratio,
+        },
     )
 
 
@@ -86,7 +88,12 @@ async def scrape_until(url: str, stop: asyncio.Event) -> int:
     return scrapes
 
 
-async def measure(model: Path, requests: int, warmup: int) -> None:
+async def _no_scrapes(stop: asyncio.Event) -> int:
+    await stop.wait()
+    return 0
+
+
+async def measure(model: Path, requests: int, warmup: int, observe: str, ratio: float) -> None:
     receiver = Receiver()
     collector = grpc.aio.server()
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, collector)
@@ -98,7 +105,10 @@ async def measure(model: Path, requests: int, warmup: int) -> None:
     try:
         for name in ("off", "on"):
             server = MmgateServer(
-                settings(model, observed=name == "on", otlp_port=otlp_port), model=str(model)
+                settings(
+                    model, observed=name == "on", otlp_port=otlp_port, observe=observe, ratio=ratio
+                ),
+                model=str(model),
             )
             await server.start()
             servers[name] = server
@@ -109,6 +119,8 @@ async def measure(model: Path, requests: int, warmup: int) -> None:
         stop = asyncio.Event()
         scraper = asyncio.create_task(
             scrape_until(f"http://127.0.0.1:{servers['on'].metrics.port}/metrics", stop)
+            if servers["on"].settings.metrics.enabled
+            else _no_scrapes(stop)
         )
         for i in range(warmup + requests):
             for name in ("off", "on") if i % 2 == 0 else ("on", "off"):
@@ -143,7 +155,10 @@ async def measure(model: Path, requests: int, warmup: int) -> None:
     for name, values in (("off: no tracing, no metrics", off), ("on: OTLP traces + metrics", on)):
         p50, p99 = percentile(values, 0.5) * 1000, percentile(values, 0.99) * 1000
         print(f"{name:<34} {p50:8.2f} {p99:8.2f}")
-    print(f"spans received: {receiver.spans}; /metrics scraped {scrapes} times")
+    print(
+        f"'on': {observe}, sample ratio {ratio}; spans received: {receiver.spans};"
+        f" /metrics scraped {scrapes} times"
+    )
     ratio50 = percentile(on, 0.5) / percentile(off, 0.5)
     ratio99 = percentile(on, 0.99) / percentile(off, 0.99)
     print(f"on/off at p50: {ratio50:.3f}x (goal < 1.05x); at p99: {ratio99:.3f}x")
@@ -154,12 +169,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=200, help="requests per server")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--model", type=Path, help="tiny LLaVA folder (built when absent)")
+    parser.add_argument(
+        "--observe", choices=["both", "traces", "metrics"], default="both", help="what 'on' has"
+    )
+    parser.add_argument(
+        "--sample-ratio", type=float, default=1.0, help="share of traces recorded by 'on'"
+    )
     args = parser.parse_args(argv)
     for name, value in ENV.items():
         os.environ.setdefault(name, value)
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or build_tiny_llava(Path(tmp) / "tiny-llava")
-        asyncio.run(measure(model, args.requests, args.warmup))
+        asyncio.run(measure(model, args.requests, args.warmup, args.observe, args.sample_ratio))
     sys.stdout.flush()
 
 

@@ -165,15 +165,18 @@ class EngineTrace:
         if current is None:
             return
         self.span = None  # ends once
+        attributes: dict[str, Any] = {
+            "gen_ai.usage.output_tokens": self._outputs,
+            "gen_ai.usage.cache_read_input_tokens": self._cached,
+        }
         if self._prompt_tokens:
-            current.set_attribute("gen_ai.usage.input_tokens", self._prompt_tokens)
-        current.set_attribute("gen_ai.usage.output_tokens", self._outputs)
-        current.set_attribute("gen_ai.usage.cache_read_input_tokens", self._cached)
+            attributes["gen_ai.usage.input_tokens"] = self._prompt_tokens
         if self._finish is not None:
-            current.set_attribute("gen_ai.response.finish_reasons", [self._finish])
+            attributes["gen_ai.response.finish_reasons"] = [self._finish]
         else:
             # left before the engine finished: the stream was closed, and that aborts it
-            current.set_attribute("mmgate.engine.aborted", True)
+            attributes["mmgate.engine.aborted"] = True
+        current.set_attributes(attributes)  # one lock round, as in LookupSpans
         if error is not None and isinstance(error, Exception):
             current.set_attribute("error.type", type(error).__qualname__)
             current.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
@@ -195,7 +198,7 @@ class EngineTrace:
                 "last": metrics.last_token_ts,
             }
             clock = "vllm"
-            parent.set_attribute("mmgate.engine.preemptions", metrics.num_preemptions)
+            facts: dict[str, Any] = {"mmgate.engine.preemptions": metrics.num_preemptions}
         else:
             # vLLM kept no per-request stats (disable_log_stats): mmgate's side, queue unknown
             points = {
@@ -205,7 +208,8 @@ class EngineTrace:
                 "last": self._last_at,
             }
             clock = "mmgate"
-        parent.set_attribute("mmgate.engine.clock", clock)
+            facts = {}
+        parent.set_attributes({**facts, "mmgate.engine.clock": clock})
         context = trace.set_span_in_context(parent)
         tracer = self._tracer
         assert tracer is not None

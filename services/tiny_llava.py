@@ -37,7 +37,13 @@ from typing import Any, Final
 
 from .models import _build_once, _train_tiny_tokenizer
 
-__all__ = ["IMAGE_TOKEN", "LLAVA_CHAT_TEMPLATE", "TINY_LLAVA_IMAGE_SIZE", "build_tiny_llava"]
+__all__ = [
+    "IMAGE_TOKEN",
+    "LLAVA_CHAT_TEMPLATE",
+    "TINY_LLAVA_IMAGE_SIZE",
+    "build_tiny_llava",
+    "engine_settings",
+]
 
 IMAGE_TOKEN: Final = "<image>"
 
@@ -67,6 +73,17 @@ LLAVA_CHAT_TEMPLATE: Final = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+
+
+def engine_settings(path: Path) -> dict[str, Any]:
+    """How tests and benchmarks serve it (``Settings(engine=...)``): a small context and KV cache,
+    and float32, in which mmgate's encoder and vLLM's agree token for token (see above)."""
+    return {
+        "model": str(path),
+        "max_model_len": 512,
+        "kv_cache_memory_bytes": 128 * 1024 * 1024,
+        "dtype": _DTYPE_NAME,
+    }
 
 
 def build_tiny_llava(path: Path, *, seed: int = 0) -> Path:

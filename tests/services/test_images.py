@@ -18,9 +18,9 @@ from services.config import Settings
 from services.media import DecodedImage
 from services.proto.mmgate.v1 import inference_pb2 as pb
 from services.server import MmgateServer
-from services.tiny_llava import build_tiny_llava
+from services.tiny_llava import build_tiny_llava, engine_settings
 
-from .conftest import MiB, error_details, violated_fields
+from .conftest import error_details, violated_fields
 from .imagegen import corrupt_png, png, png_bomb
 from .prom import promtool_problems, scrape
 
@@ -38,12 +38,7 @@ def llava_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 async def server(llava_model: Path) -> AsyncIterator[MmgateServer]:
     settings = Settings(
         port=0,
-        engine={
-            "model": str(llava_model),
-            "max_model_len": 512,
-            "kv_cache_memory_bytes": 128 * MiB,
-            "dtype": "float32",
-        },
+        engine=engine_settings(llava_model),
         metrics={"port": 0},
         max_concurrent_requests=16,
     )

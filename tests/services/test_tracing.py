@@ -32,10 +32,9 @@ from services.logs import JsonFormatter, TraceContextFilter
 from services.media import DecodedImage
 from services.proto.mmgate.v1 import inference_pb2 as pb
 from services.server import MmgateServer
-from services.tiny_llava import build_tiny_llava
+from services.tiny_llava import build_tiny_llava, engine_settings
 from services.tracing import Tracing
 
-from .conftest import MiB
 from .imagegen import png
 from .otlp_receiver import OtlpReceiver
 
@@ -96,12 +95,7 @@ async def receiver() -> AsyncIterator[OtlpReceiver]:
 async def traced(llava_model: Path, receiver: OtlpReceiver) -> AsyncIterator[Traced]:
     settings = Settings(
         port=0,
-        engine={
-            "model": str(llava_model),
-            "max_model_len": 512,
-            "kv_cache_memory_bytes": 128 * MiB,
-            "dtype": "float32",
-        },
+        engine=engine_settings(llava_model),
         metrics={"port": 0},
         tracing={
             "endpoint": f"127.0.0.1:{receiver.port}",
