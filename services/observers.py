@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import final
 
@@ -56,6 +57,6 @@ class Observers:
 
 
 def _with_leader(event: LookupEvent, leader: object | None) -> LookupEvent:
-    import dataclasses
-
+    if leader is event.leader_token:
+        return event
     return dataclasses.replace(event, leader_token=leader)
