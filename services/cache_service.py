@@ -12,13 +12,13 @@ from cache_actor import CacheActor, EntryInfo
 
 from .config import Settings
 from .engine import EngineUnavailable, EngineWorker
-from .errors import ServiceError, abort, from_exception
+from .errors import abort, from_exception, takes_no_images
 from .inference import tenant_of
 from .media import MediaPipeline
 from .proto.mmgate.v1 import cache_pb2 as pb
 from .proto.mmgate.v1 import cache_pb2_grpc
 from .proto.mmgate.v1 import inference_pb2 as inference_pb
-from .validation import InvalidRequest, Violation, is_digest
+from .validation import InvalidRequest, Violation, image_violations, is_digest
 
 _ACTOR_FIELDS = frozenset(pb.ActorStats.DESCRIPTOR.fields_by_name) - {"hit_ratio"}
 _KEY_CHARS = frozenset("0123456789abcdef")
@@ -98,21 +98,12 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         try:
             media = self._media()
             if media.mode == "none":
-                raise ServiceError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"model {self.engine.model_name} takes no images",
-                    reason="MODEL_TAKES_NO_IMAGES",
-                )
-            if not request.data:
-                raise InvalidRequest([Violation("data", "must not be empty")])
-            limit = self.settings.media.max_image_bytes
-            if len(request.data) > limit:
-                raise InvalidRequest(
-                    [Violation("data", f"{len(request.data)} bytes; the limit is {limit}")]
-                )
+                raise takes_no_images(self.engine.model_name)
+            image = inference_pb.Image(data=request.data, mime_type=request.mime_type)
+            if violations := image_violations(image, self.settings):
+                raise InvalidRequest(violations)
             remaining = context.time_remaining()
             timeout = self.settings.default_deadline_seconds if remaining is None else remaining
-            image = inference_pb.Image(data=request.data, mime_type=request.mime_type)
             try:
                 report = await media.prefetch(image, tenant_of(context), timeout)
             except InvalidRequest as invalid:

@@ -85,6 +85,15 @@ class ServiceError(Exception):
         )
 
 
+def takes_no_images(model: str) -> ServiceError:
+    """Images sent to a text-only model: refused before any image work."""
+    return ServiceError(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        f"model {model} takes no images",
+        reason="MODEL_TAKES_NO_IMAGES",
+    )
+
+
 def invalid(violations: list[Violation]) -> ServiceError:
     message = "; ".join(f"{v.field}: {v.description}" for v in violations)
     return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, message, violations=violations)

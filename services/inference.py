@@ -33,7 +33,7 @@ from cache_actor import CacheActor, Lookup, Outcome
 
 from .config import Settings
 from .engine import EngineDelta, EngineUnavailable, EngineWorker, Sampling
-from .errors import ServiceError, abort, from_exception
+from .errors import ServiceError, abort, from_exception, takes_no_images
 from .media import EngineImages, MediaPipeline
 from .observers import stage
 from .prompts import RenderedPrompt, cache_key, prompt_payload, render
@@ -190,12 +190,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         if not self.engine.ready or media is None:
             raise EngineUnavailable("the engine is not ready")
         if request.images and media.mode == "none":
-            # before any image work: the model could not use it
-            raise ServiceError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"model {self.engine.model_name} takes no images",
-                reason="MODEL_TAKES_NO_IMAGES",
-            )
+            raise takes_no_images(self.engine.model_name)  # before any image work
         checked = validate(
             request,
             self.settings,

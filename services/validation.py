@@ -188,15 +188,29 @@ def _images(
             bad(where, "set data or digest")
         elif source == "digest" and not is_digest(image.digest):
             bad(f"{where}.digest", "'sha256:' and 64 lowercase hex digits")
-        elif source == "data" and not image.data:
-            bad(f"{where}.data", "must not be empty")
-        elif source == "data" and len(image.data) > limits.max_image_bytes:
-            bad(f"{where}.data", f"{len(image.data)} bytes; the limit is {limits.max_image_bytes}")
-        if image.mime_type and image.mime_type not in _MIME_TYPES:
-            bad(
-                f"{where}.mime_type",
+        for violation in image_violations(image, settings, f"{where}."):
+            bad(violation.field, violation.description)
+
+
+def image_violations(image: pb.Image, settings: Settings, prefix: str = "") -> list[Violation]:
+    """What is wrong with an image's bytes and mime type, fields named after ``prefix``."""
+    found: list[Violation] = []
+    limit = settings.media.max_image_bytes
+    if image.WhichOneof("source") == "data":
+        if not image.data:
+            found.append(Violation(f"{prefix}data", "must not be empty"))
+        elif len(image.data) > limit:
+            found.append(
+                Violation(f"{prefix}data", f"{len(image.data)} bytes; the limit is {limit}")
+            )
+    if image.mime_type and image.mime_type not in _MIME_TYPES:
+        found.append(
+            Violation(
+                f"{prefix}mime_type",
                 f"{image.mime_type!r} is not one of image/png, image/jpeg, image/webp",
             )
+        )
+    return found
 
 
 def _sampling(
