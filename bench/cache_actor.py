@@ -59,7 +59,7 @@ class Mmgate(Contender):
     name = "mmgate"
 
     async def start(self) -> None:
-        self.cache: CacheActor[bytes] = CacheActor(CacheConfig(mailbox_size=1_000_000))
+        self.cache = CacheActor(CacheConfig(mailbox_size=1_000_000))
         self.cache.start()
 
     async def close(self) -> None:

@@ -36,10 +36,10 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
+from services.api.server import MmgateServer
 from services.client import HeldImages, MmgateClient, build_request, digest_of
 from services.config import Settings
-from services.server import MmgateServer
-from services.tiny_llava import build_tiny_llava, engine_settings
+from services.models import build_tiny_llava, engine_settings
 
 from .service import percentile
 

@@ -31,10 +31,10 @@ from typing import Any
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from services.api.server import MmgateServer
 from services.client import HeldImages, MmgateClient, build_request
 from services.config import Settings
-from services.server import MmgateServer
-from services.tiny_llava import build_tiny_llava, engine_settings
+from services.models import build_tiny_llava, engine_settings
 
 from .images import ENV, photo
 from .service import percentile

@@ -60,10 +60,10 @@ from typing import IO, TYPE_CHECKING
 
 from grpc_health.v1 import health_pb2
 
+from services.api.server import resolve_model
 from services.client import MmgateClient, build_request
 from services.config import EngineSettings, Settings
-from services.engine import EngineWorker
-from services.server import resolve_model
+from services.engine.worker import EngineWorker
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM

@@ -22,7 +22,6 @@ FullKey = tuple[str, str]  # (tenant, key)
 class Entry:
     # what a hit returns, built once at admission: values are immutable, so it is shared
     hit: Any
-    value: Any
     nbytes: int
     tier: str | None  # where the flight found it; None when computed
     admitted_at: float
@@ -83,7 +82,7 @@ class Store:
     def peek(self, full_key: FullKey) -> Entry | None:
         return self._lru.get(full_key)
 
-    def admit(self, full_key: FullKey, hit: Any, value: Any, nbytes: int, tier: str | None) -> bool:
+    def admit(self, full_key: FullKey, hit: Any, nbytes: int, tier: str | None) -> bool:
         """Store a completed value, evicting least recently used entries to make room.
 
         Returns False, storing nothing, when the value is larger than one entry may be.
@@ -102,7 +101,7 @@ class Store:
             self._evict(next(iter(self._lru)))
         now = self._clock()
         expires_at = None if self._ttl is None else now + self._ttl
-        entry = Entry(hit, value, nbytes, tier, now, expires_at)
+        entry = Entry(hit, nbytes, tier, now, expires_at)
         self._lru[full_key] = entry
         if self._tenant_lru is not None:
             self._tenant_lru.setdefault(tenant, OrderedDict())[full_key] = None
@@ -128,11 +127,6 @@ class Store:
             if self._lru.get(full_key) is entry:
                 self._drop(full_key, entry)
                 self._counters.expirations += 1
-
-    def clear(self) -> None:
-        for full_key, entry in list(self._lru.items()):
-            self._drop(full_key, entry)
-        self._expiry.clear()
 
     def _evict(self, full_key: FullKey) -> None:
         entry = self._lru[full_key]

@@ -5,6 +5,9 @@
             print(text, end="")
         answer = await client.complete("Name a prime.", temperature=0.0)
 
+    with SyncClient("127.0.0.1:50051") as client:  # the same calls, blocking
+        answer = client.complete("Name a prime.", temperature=0.0)
+
 A string is sent as one user turn of a chat (the model's chat template applies); pass
 ``messages=[("system", ...), ("user", ...)]`` for more turns, or ``raw=True`` to send the string
 to the model as is.
@@ -13,25 +16,29 @@ Images go as bytes (PNG, JPEG, WebP): ``complete("<image> What is this?", images
 n-th ``<image>`` in the text is the n-th image (with none in the text, they go before the user's
 text). Once the server has reported an image's digest, this client sends only the digest; if
 the server no longer holds it (NOT_FOUND, reason IMAGE_NOT_FOUND), the client resends the
-request with the bytes, once.
+request with the bytes, once:
+
+    request ── by_reference ──┬── an image held ──► sent by digest ──► NOT_FOUND, IMAGE_NOT_FOUND
+                              │                                                │ forget the digests
+                              └── none held ──────► sent as built ◄────────────┘ (once)
+
+This module imports grpc, protobuf, the generated stubs and ``wire`` only: a service that only
+calls mmgate loads none of the server's dependencies (a test holds it to that).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, final
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from .errors import IMAGE_NOT_FOUND
-from .inference import TENANT_HEADER
 from .proto.mmgate.v1 import cache_pb2, cache_pb2_grpc, inference_pb2, inference_pb2_grpc
-from .validation import IMAGE_PLACEHOLDER
+from .wire import IMAGE_NOT_FOUND, IMAGE_PLACEHOLDER, TENANT_HEADER, digest_of
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 CACHE_POLICIES = {
@@ -79,11 +86,6 @@ def build_request(
 
 def _metadata(tenant: str | None) -> tuple[tuple[str, str], ...]:
     return ((TENANT_HEADER, tenant),) if tenant else ()
-
-
-def digest_of(data: bytes) -> str:
-    """An image's digest, as the server reports it."""
-    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def image_not_found(error: grpc.RpcError) -> bool:
@@ -145,6 +147,33 @@ class HeldImages:
             self._digests.pop(image.digest, None)
 
 
+@final
+class _Attempts:
+    """One call's requests, for both clients: ``current`` is sent first (held images as
+    digests), and ``resend_with_bytes`` decides, once, whether it goes again as built."""
+
+    __slots__ = ("_held", "_request", "current")
+
+    def __init__(self, held: HeldImages, request: inference_pb2.GenerateRequest) -> None:
+        self._held = held
+        self._request = request
+        slim = held.by_reference(request)
+        self.current = request if slim is None else slim
+
+    def resend_with_bytes(self, error: grpc.RpcError, *, streamed: bool = False) -> bool:
+        """True, and ``current`` becomes the request with the bytes, when ``current`` went by
+        reference and the server no longer holds one of its images; False: raise ``error``.
+
+        ``streamed``: the call already delivered events, which a resend would deliver twice
+        (it does not happen: the server prepares images before the first token).
+        """
+        if self.current is self._request or streamed or not image_not_found(error):
+            return False
+        self._held.forget(self.current)
+        self.current = self._request
+        return True
+
+
 class MmgateClient:
     """An asyncio client over one channel; every call has a deadline (``timeout`` seconds)."""
 
@@ -182,25 +211,22 @@ class MmgateClient:
         self, request: inference_pb2.GenerateRequest, *, timeout: float | None = None
     ) -> AsyncGenerator[inference_pb2.GenerateResponse, None]:
         """The raw stream: deltas, then one final message; closing it early cancels the call."""
-        slim = self.held.by_reference(request)
-        attempts = [slim, request] if slim is not None else [request]
-        for attempt in attempts:
-            started = False
+        attempts = _Attempts(self.held, request)
+        while True:
+            streamed = False
             call = self.inference.Generate(
-                attempt, timeout=timeout or self.timeout, metadata=self.metadata
+                attempts.current, timeout=timeout or self.timeout, metadata=self.metadata
             )
             try:
                 async for event in call:
-                    started = True
+                    streamed = True
                     if event.HasField("final"):
                         self.held.learn(event.final)
                     yield event
                 return
             except grpc.aio.AioRpcError as error:
-                # images are prepared before the first token: nothing was yielded yet
-                if attempt is request or started or not image_not_found(error):
+                if not attempts.resend_with_bytes(error, streamed=streamed):
                     raise
-                self.held.forget(attempt)
             finally:
                 # closing this generator early (aclose, break) ends the call on the server
                 call.cancel()
@@ -218,25 +244,18 @@ class MmgateClient:
     async def complete_request(
         self, request: inference_pb2.GenerateRequest, *, timeout: float | None = None
     ) -> inference_pb2.CompleteResponse:
-        slim = self.held.by_reference(request)
-        response: inference_pb2.CompleteResponse
-        if slim is not None:
+        attempts = _Attempts(self.held, request)
+        while True:
             try:
-                response = await self.inference.Complete(
-                    slim, timeout=timeout or self.timeout, metadata=self.metadata
+                response: inference_pb2.CompleteResponse = await self.inference.Complete(
+                    attempts.current, timeout=timeout or self.timeout, metadata=self.metadata
                 )
             except grpc.aio.AioRpcError as error:
-                if not image_not_found(error):
+                if not attempts.resend_with_bytes(error):
                     raise
-                self.held.forget(slim)
             else:
                 self.held.learn(response.final)
                 return response
-        response = await self.inference.Complete(
-            request, timeout=timeout or self.timeout, metadata=self.metadata
-        )
-        self.held.learn(response.final)
-        return response
 
     async def prefetch(self, data: bytes, mime_type: str = "") -> cache_pb2.PrefetchResponse:
         """Warm the server's cache with an image; later requests send only its digest."""
@@ -281,38 +300,97 @@ class MmgateClient:
 
 
 class SyncClient:
-    """The same calls for code without an event loop."""
+    """``MmgateClient``'s calls for code without an event loop, blocking; every call has a
+    deadline (``timeout`` seconds)."""
 
     def __init__(
-        self, target: str = DEFAULT_TARGET, *, tenant: str | None = None, timeout: float = 120.0
+        self,
+        target: str = DEFAULT_TARGET,
+        *,
+        tenant: str | None = None,
+        timeout: float = 120.0,
+        channel: grpc.Channel | None = None,
     ) -> None:
-        self.channel = grpc.insecure_channel(target)
+        self.channel = channel or grpc.insecure_channel(target)
         self.timeout = timeout
         self.metadata = _metadata(tenant)
         self.inference = inference_pb2_grpc.InferenceStub(self.channel)
         self.cache = cache_pb2_grpc.CacheStub(self.channel)
+        self.health_stub = health_pb2_grpc.HealthStub(self.channel)
+        self.held = HeldImages()
 
     def __enter__(self) -> SyncClient:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close()
 
     def close(self) -> None:
         self.channel.close()
 
+    def generate(
+        self, request: inference_pb2.GenerateRequest, *, timeout: float | None = None
+    ) -> Generator[inference_pb2.GenerateResponse, None, None]:
+        """The raw stream: deltas, then one final message; closing it early (``close()``, or
+        leaving a ``for`` loop over it) cancels the call."""
+        attempts = _Attempts(self.held, request)
+        while True:
+            streamed = False
+            call = self.inference.Generate(
+                attempts.current, timeout=timeout or self.timeout, metadata=self.metadata
+            )
+            try:
+                for event in call:
+                    streamed = True
+                    if event.HasField("final"):
+                        self.held.learn(event.final)
+                    yield event
+                return
+            except grpc.RpcError as error:
+                if not attempts.resend_with_bytes(error, streamed=streamed):
+                    raise
+            finally:
+                call.cancel()
+
     def stream_text(self, prompt: str | None = None, **options: Any) -> Iterator[str]:
-        stream = self.inference.Generate(
-            build_request(prompt, **options), timeout=self.timeout, metadata=self.metadata
-        )
-        for event in stream:
+        for event in self.generate(build_request(prompt, **options)):
             if event.HasField("delta"):
                 yield event.delta.text
 
-    def complete(self, prompt: str | None = None, **options: Any) -> inference_pb2.CompleteResponse:
-        response: inference_pb2.CompleteResponse = self.inference.Complete(
-            build_request(prompt, **options), timeout=self.timeout, metadata=self.metadata
+    def complete(
+        self, prompt: str | None = None, *, timeout: float | None = None, **options: Any
+    ) -> inference_pb2.CompleteResponse:
+        return self.complete_request(build_request(prompt, **options), timeout=timeout)
+
+    def complete_request(
+        self, request: inference_pb2.GenerateRequest, *, timeout: float | None = None
+    ) -> inference_pb2.CompleteResponse:
+        attempts = _Attempts(self.held, request)
+        while True:
+            try:
+                response: inference_pb2.CompleteResponse = self.inference.Complete(
+                    attempts.current, timeout=timeout or self.timeout, metadata=self.metadata
+                )
+            except grpc.RpcError as error:
+                if not attempts.resend_with_bytes(error):
+                    raise
+            else:
+                self.held.learn(response.final)
+                return response
+
+    def prefetch(self, data: bytes, mime_type: str = "") -> cache_pb2.PrefetchResponse:
+        """Warm the server's cache with an image; later requests send only its digest."""
+        response: cache_pb2.PrefetchResponse = self.cache.Prefetch(
+            cache_pb2.PrefetchRequest(data=data, mime_type=mime_type),
+            timeout=self.timeout,
+            metadata=self.metadata,
         )
+        self.held.add(response.digest)
         return response
 
     def stats(self) -> cache_pb2.GetStatsResponse:
@@ -320,3 +398,41 @@ class SyncClient:
             cache_pb2.GetStatsRequest(), timeout=self.timeout, metadata=self.metadata
         )
         return response
+
+    def inspect(self, key: str = "", *, digest: str = "") -> cache_pb2.InspectResponse:
+        """A cache key's entry, or (``digest``) every stage of an image."""
+        response: cache_pb2.InspectResponse = self.cache.Inspect(
+            cache_pb2.InspectRequest(key=key, digest=digest),
+            timeout=self.timeout,
+            metadata=self.metadata,
+        )
+        return response
+
+    def invalidate(self, key: str = "", *, digest: str = "") -> bool:
+        """Drop a cache key, or (``digest``) every stage of an image."""
+        response: cache_pb2.InvalidateResponse = self.cache.Invalidate(
+            cache_pb2.InvalidateRequest(key=key, digest=digest),
+            timeout=self.timeout,
+            metadata=self.metadata,
+        )
+        return response.removed
+
+    def health(self, service: str = "") -> int:
+        response: health_pb2.HealthCheckResponse = self.health_stub.Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=self.timeout
+        )
+        status: int = response.status
+        return status
+
+
+__all__ = [
+    "CACHE_POLICIES",
+    "DEFAULT_TARGET",
+    "HELD_DIGESTS",
+    "HeldImages",
+    "MmgateClient",
+    "SyncClient",
+    "build_request",
+    "digest_of",
+    "image_not_found",
+]

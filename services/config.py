@@ -7,6 +7,7 @@ Each field's docstring is its help text in ``mmgate serve --help``.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,9 +16,18 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cache_actor import CacheConfig
 
-from .models import default_model_cache
-
 MiB = 1024 * 1024
+
+
+def default_model_cache() -> Path:
+    """Where converted models live: ``$MMGATE_MODEL_CACHE``, else ``~/.cache/mmgate/models``.
+
+    Outside the repository, so that a fresh clone or ``make clean`` does not redo the conversion.
+    """
+    configured = os.environ.get("MMGATE_MODEL_CACHE")
+    if configured:
+        return Path(configured).expanduser()
+    return Path.home() / ".cache" / "mmgate" / "models"
 
 
 class EngineSettings(BaseModel):

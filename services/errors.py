@@ -1,138 +1,72 @@
-"""How failures reach a client: one gRPC status per failure, with google.rpc details.
+"""mmgate's own failures, raised below the API edge and turned into gRPC statuses there.
 
-InvalidRequest                 INVALID_ARGUMENT   + BadRequest naming each field
-over capacity, CacheOverloaded RESOURCE_EXHAUSTED + ErrorInfo(reason=OVERLOADED)
-ImageNotHeld (image digest)    NOT_FOUND          + ErrorInfo(reason=IMAGE_NOT_FOUND, digest, index)
-ComputeTimeout, deadline       DEADLINE_EXCEEDED
-CacheActorDead, engine down    UNAVAILABLE        + ErrorInfo(reason=...)
-model cannot do it             FAILED_PRECONDITION
-CacheRecursionError            INTERNAL           (the cycle goes to the log, not the client)
-anything else                  INTERNAL
+    MmgateError
+     ├── InvalidRequest        the request cannot be served as sent (each Violation names a field)
+     ├── ImageRejected         bytes mmgate will not decode (the media stage names the image)
+     ├── ImageNotHeld          a digest this server does not hold (any more): resend the bytes
+     ├── ModelTakesNoImages    images sent to a text-only model
+     └── EngineUnavailable     the engine is not started, has failed, or is shutting down
+
+The cache actor's own errors (cache_actor.errors) stay its own; services/api/status.py maps both
+trees, and anything else, to one status each.
 """
 
 from __future__ import annotations
 
-import logging
-from typing import NoReturn
-
-import grpc
-from google.protobuf import any_pb2
-from google.rpc import error_details_pb2, status_pb2
-from grpc_status import rpc_status
-
-from cache_actor import (
-    CacheActorDead,
-    CacheOverloaded,
-    CacheRecursionError,
-    ComputeTimeout,
-)
-
-from .engine import EngineUnavailable
-from .media import ImageNotHeld
-from .validation import InvalidRequest, Violation
-
-log = logging.getLogger("mmgate.errors")
-
-DOMAIN = "mmgate.v1"
-# ErrorInfo reason of a digest the server does not hold: the client resends the image's bytes
-IMAGE_NOT_FOUND = "IMAGE_NOT_FOUND"
+from dataclasses import dataclass
+from typing import final
 
 
-class ServiceError(Exception):
-    """A failure with the gRPC status it should end the call with."""
-
-    def __init__(
-        self,
-        code: grpc.StatusCode,
-        message: str,
-        *,
-        reason: str | None = None,
-        violations: list[Violation] | None = None,
-        metadata: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.reason = reason
-        self.violations = violations or []
-        self.metadata = metadata or {}
-
-    def to_status(self) -> grpc.Status:
-        details: list[any_pb2.Any] = []
-        if self.violations:
-            bad_request = error_details_pb2.BadRequest(
-                field_violations=[
-                    error_details_pb2.BadRequest.FieldViolation(
-                        field=v.field, description=v.description
-                    )
-                    for v in self.violations
-                ]
-            )
-            packed = any_pb2.Any()
-            packed.Pack(bad_request)
-            details.append(packed)
-        if self.reason:
-            packed = any_pb2.Any()
-            packed.Pack(
-                error_details_pb2.ErrorInfo(
-                    reason=self.reason, domain=DOMAIN, metadata=self.metadata
-                )
-            )
-            details.append(packed)
-        code_number: int = self.code.value[0]
-        return rpc_status.to_status(
-            status_pb2.Status(code=code_number, message=self.message, details=details)
-        )
+class MmgateError(Exception):
+    """The root of mmgate's own failures."""
 
 
-def takes_no_images(model: str) -> ServiceError:
+@final
+@dataclass(frozen=True, slots=True)
+class Violation:
+    field: str
+    description: str
+
+
+class InvalidRequest(MmgateError, ValueError):
+    """The request cannot be served as sent."""
+
+    def __init__(self, violations: list[Violation]) -> None:
+        super().__init__("; ".join(f"{v.field}: {v.description}" for v in violations))
+        self.violations = violations
+
+
+class ImageRejected(MmgateError, ValueError):
+    """The bytes are not an image mmgate will decode; the message says why."""
+
+
+class ImageNotHeld(MmgateError, LookupError):
+    """A request referred to an image by digest, and this server does not hold it (any more)."""
+
+    def __init__(self, digest: str, index: int) -> None:
+        super().__init__(f"images[{index}]: image {digest} is not held here; send its bytes")
+        self.digest = digest
+        self.index = index
+
+
+class ModelTakesNoImages(MmgateError):
     """Images sent to a text-only model: refused before any image work."""
-    return ServiceError(
-        grpc.StatusCode.FAILED_PRECONDITION,
-        f"model {model} takes no images",
-        reason="MODEL_TAKES_NO_IMAGES",
-    )
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"model {model} takes no images")
+        self.model = model
 
 
-def invalid(violations: list[Violation]) -> ServiceError:
-    message = "; ".join(f"{v.field}: {v.description}" for v in violations)
-    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, message, violations=violations)
+class EngineUnavailable(MmgateError, RuntimeError):
+    """The engine is not started, has failed, or is shutting down."""
 
 
-def from_exception(exc: BaseException) -> ServiceError:
-    """The status a failure inside a request ends with."""
-    if isinstance(exc, ServiceError):
-        return exc
-    if isinstance(exc, InvalidRequest):
-        return invalid(exc.violations)
-    if isinstance(exc, ImageNotHeld):
-        return ServiceError(
-            grpc.StatusCode.NOT_FOUND,
-            str(exc),
-            reason=IMAGE_NOT_FOUND,
-            metadata={"digest": exc.digest, "index": str(exc.index)},
-        )
-    if isinstance(exc, CacheRecursionError):
-        log.error("cache recursion refused: %s (cycle %s)", exc, " -> ".join(exc.cycle))
-        return ServiceError(
-            grpc.StatusCode.INTERNAL, "internal error: a cache lookup would wait on itself"
-        )
-    if isinstance(exc, ComputeTimeout | TimeoutError):
-        return ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded: {exc}")
-    if isinstance(exc, CacheOverloaded):
-        return ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), reason="OVERLOADED")
-    if isinstance(exc, CacheActorDead):
-        return ServiceError(grpc.StatusCode.UNAVAILABLE, str(exc), reason="CACHE_UNAVAILABLE")
-    if isinstance(exc, EngineUnavailable) or type(exc).__name__ == "EngineDeadError":
-        return ServiceError(
-            grpc.StatusCode.UNAVAILABLE,
-            str(exc) or "engine is not available",
-            reason="ENGINE_UNAVAILABLE",
-        )
-    log.exception("request failed", exc_info=exc)
-    return ServiceError(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
-
-
-async def abort(context: grpc.aio.ServicerContext, error: ServiceError) -> NoReturn:
-    await context.abort_with_status(error.to_status())
-    raise AssertionError("abort_with_status returned")  # pragma: no cover
+__all__ = [
+    "EngineUnavailable",
+    "ImageNotHeld",
+    "ImageRejected",
+    "InvalidRequest",
+    "MmgateError",
+    "ModelTakesNoImages",
+    "Violation",
+]

@@ -1,8 +1,11 @@
-"""Fixtures for the cache actor: actors that are closed after the test, and leak checks."""
+"""Fixtures for the cache actor: actors that are closed after the test, and exact stats.
+
+Computations (Gate, Stuck) and sequencing helpers, shared with the service's tests, live in
+tests/support.py.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -10,6 +13,7 @@ from typing import Any
 import pytest
 
 from cache_actor import CacheActor, CacheConfig, CacheStats
+from tests.support import assert_no_leaked_tasks
 
 COUNTERS = (
     "hits",
@@ -33,7 +37,7 @@ COUNTERS = (
 )
 
 
-def assert_stats(cache: CacheActor[Any], **expected: Any) -> CacheStats:
+def assert_stats(cache: CacheActor, **expected: Any) -> CacheStats:
     """Assert the named stats exactly and every counter not named to be zero (async-lru style)."""
     stats = cache.stats()
     actual = dataclasses.asdict(stats)
@@ -42,16 +46,16 @@ def assert_stats(cache: CacheActor[Any], **expected: Any) -> CacheStats:
     return stats
 
 
-MakeActor = Callable[..., CacheActor[Any]]
+MakeActor = Callable[..., CacheActor]
 
 
 @pytest.fixture
 async def make_actor() -> AsyncIterator[MakeActor]:
     """Start actors on demand; close them after the test and check nothing was left running."""
-    actors: list[CacheActor[Any]] = []
+    actors: list[CacheActor] = []
 
-    def make(config: CacheConfig | None = None, **kwargs: Any) -> CacheActor[Any]:
-        actor: CacheActor[Any] = CacheActor(config, **kwargs)
+    def make(config: CacheConfig | None = None, **kwargs: Any) -> CacheActor:
+        actor = CacheActor(config, **kwargs)
         actor.start()
         actors.append(actor)
         return actor
@@ -65,51 +69,5 @@ async def make_actor() -> AsyncIterator[MakeActor]:
 
 
 @pytest.fixture
-async def cache(make_actor: MakeActor) -> CacheActor[Any]:
+async def cache(make_actor: MakeActor) -> CacheActor:
     return make_actor(CacheConfig())
-
-
-def assert_no_leaked_tasks() -> None:
-    current = asyncio.current_task()
-    leaked = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
-    assert leaked == []
-
-
-class Gate:
-    """A computation that blocks until released and counts its calls (sequencing, not sleeps)."""
-
-    def __init__(self, value: Any = b"value") -> None:
-        self.value = value
-        self.calls = 0
-        self.started = asyncio.Event()
-        self.release = asyncio.Event()
-
-    async def __call__(self) -> Any:
-        self.calls += 1
-        self.started.set()
-        await self.release.wait()
-        return self.value
-
-
-class Stuck:
-    """A computation that never finishes by itself and records that it was cancelled."""
-
-    def __init__(self) -> None:
-        self.cancelled = asyncio.Event()
-
-    async def __call__(self) -> bytes:
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            self.cancelled.set()
-            raise
-        return b"never"
-
-
-async def until(predicate: Callable[[], bool], limit: int = 10_000) -> None:
-    """Yield to the loop until ``predicate`` holds: waits on progress, not on time."""
-    for _ in range(limit):
-        if predicate():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition never held")

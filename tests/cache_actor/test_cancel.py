@@ -3,11 +3,12 @@ import asyncio
 import pytest
 
 from cache_actor import CacheActor, CacheConfig, Outcome
+from tests.support import Gate, Stuck, until
 
-from .conftest import Gate, MakeActor, Stuck, assert_stats, until
+from .conftest import MakeActor, assert_stats
 
 
-async def test_leader_cancellation_leaves_followers_served(cache: CacheActor[bytes]) -> None:
+async def test_leader_cancellation_leaves_followers_served(cache: CacheActor) -> None:
     gate = Gate()
     leader = asyncio.ensure_future(cache.get("k", gate))
     await gate.started.wait()
@@ -26,7 +27,7 @@ async def test_leader_cancellation_leaves_followers_served(cache: CacheActor[byt
     assert_stats(cache, misses=1, coalesced=5, cancelled_waiters=1, load_successes=1, entries=1)
 
 
-async def test_follower_cancellation_removes_only_itself(cache: CacheActor[bytes]) -> None:
+async def test_follower_cancellation_removes_only_itself(cache: CacheActor) -> None:
     gate = Gate()
     leader = asyncio.ensure_future(cache.get("k", gate))
     follower = asyncio.ensure_future(cache.get("k", gate))
@@ -39,7 +40,7 @@ async def test_follower_cancellation_removes_only_itself(cache: CacheActor[bytes
     assert_stats(cache, misses=1, coalesced=1, cancelled_waiters=1, load_successes=1, entries=1)
 
 
-async def test_flight_outlives_its_last_waiter_by_default(cache: CacheActor[bytes]) -> None:
+async def test_flight_outlives_its_last_waiter_by_default(cache: CacheActor) -> None:
     gate = Gate()
     only = asyncio.ensure_future(cache.get("k", gate))
     await gate.started.wait()
@@ -64,7 +65,7 @@ async def test_orphaned_flight_can_be_cancelled(make_actor: MakeActor) -> None:
     assert_stats(cache, misses=1, cancelled_waiters=1, entries=0)
 
 
-async def test_cancel_before_the_actor_reads_the_request(cache: CacheActor[bytes]) -> None:
+async def test_cancel_before_the_actor_reads_the_request(cache: CacheActor) -> None:
     gate = Gate()
     lookup = asyncio.ensure_future(cache.get("k", gate))
     await until(lambda: cache.stats().mailbox_depth == 1)  # queued, not yet read

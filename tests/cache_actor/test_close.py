@@ -1,15 +1,14 @@
 import asyncio
 
 from cache_actor import CacheActor, CacheActorDead, CacheConfig, InMemoryTier
-
-from .conftest import Gate, Stuck, assert_no_leaked_tasks, until
+from tests.support import Gate, Stuck, assert_no_leaked_tasks, until
 
 
 async def test_no_task_left_after_close() -> None:
     stuck = Stuck()
 
     tier = InMemoryTier()
-    async with CacheActor[bytes](CacheConfig(), tier=tier) as cache:
+    async with CacheActor(CacheConfig(), tier=tier) as cache:
         gate = Gate()
         gate.release.set()
         await cache.get("written-back", gate)  # leaves a write-back task behind, briefly

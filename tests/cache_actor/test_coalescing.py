@@ -1,11 +1,12 @@
 import asyncio
 
 from cache_actor import CacheActor, Outcome
+from tests.support import Gate, until
 
-from .conftest import Gate, assert_stats, until
+from .conftest import assert_stats
 
 
-async def test_thousand_identical_misses_compute_once(cache: CacheActor[bytes]) -> None:
+async def test_thousand_identical_misses_compute_once(cache: CacheActor) -> None:
     gate = Gate(b"x" * 100)
     lookups = [asyncio.ensure_future(cache.get("img", gate)) for _ in range(1000)]
     await gate.started.wait()
@@ -22,7 +23,7 @@ async def test_thousand_identical_misses_compute_once(cache: CacheActor[bytes]) 
     assert_stats(cache, misses=1, coalesced=999, load_successes=1, entries=1, bytes=100, flights=0)
 
 
-async def test_later_lookup_is_a_memory_hit(cache: CacheActor[bytes]) -> None:
+async def test_later_lookup_is_a_memory_hit(cache: CacheActor) -> None:
     gate = Gate()
     gate.release.set()
     first = await cache.get("k", gate)
@@ -33,7 +34,7 @@ async def test_later_lookup_is_a_memory_hit(cache: CacheActor[bytes]) -> None:
     assert_stats(cache, misses=1, hits=1, load_successes=1, entries=1)
 
 
-async def test_keys_are_separate_per_tenant(cache: CacheActor[bytes]) -> None:
+async def test_keys_are_separate_per_tenant(cache: CacheActor) -> None:
     gate = Gate()
     gate.release.set()
     a = await cache.get("k", gate, tenant="a")
@@ -43,7 +44,7 @@ async def test_keys_are_separate_per_tenant(cache: CacheActor[bytes]) -> None:
     assert_stats(cache, misses=2, load_successes=2, entries=2)
 
 
-async def test_different_keys_compute_concurrently(cache: CacheActor[bytes]) -> None:
+async def test_different_keys_compute_concurrently(cache: CacheActor) -> None:
     gates = [Gate(str(i).encode()) for i in range(3)]
     lookups = [asyncio.ensure_future(cache.get(f"k{i}", g)) for i, g in enumerate(gates)]
     for gate in gates:  # all three run at once: none waits for another

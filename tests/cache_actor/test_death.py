@@ -3,8 +3,9 @@ import asyncio
 import pytest
 
 from cache_actor import CacheActor, CacheActorDead
+from tests.support import Gate, until
 
-from .conftest import Gate, MakeActor, until
+from .conftest import MakeActor
 
 
 async def test_crashed_actor_fails_every_waiter(
@@ -19,7 +20,7 @@ async def test_crashed_actor_fails_every_waiter(
     def broken_admit(*args: object) -> bool:
         raise RuntimeError("bug in a handler")
 
-    monkeypatch.setattr(cache._store, "admit", broken_admit)
+    monkeypatch.setattr(cache._core.store, "admit", broken_admit)
     crashing.release.set()  # its completion reaches the broken handler: the actor dies
 
     results = await asyncio.gather(*doomed, *bystanders, return_exceptions=True)
@@ -38,15 +39,15 @@ async def test_cancelled_actor_task_fails_every_waiter(make_actor: MakeActor) ->
     gate = Gate()
     lookup = asyncio.ensure_future(cache.get("k", gate))
     await gate.started.wait()
-    assert cache._task is not None
-    cache._task.cancel()  # e.g. a loop shutting down underneath the service
+    assert cache._core.task is not None
+    cache._core.task.cancel()  # e.g. a loop shutting down underneath the service
     with pytest.raises(CacheActorDead):
         await lookup
     assert not cache.alive
 
 
 async def test_closed_actor_fails_pending_and_later_callers() -> None:
-    cache: CacheActor[bytes] = CacheActor()
+    cache = CacheActor()
     cache.start()
     gate = Gate()
     pending = [asyncio.ensure_future(cache.get("k", gate)) for _ in range(3)]
@@ -63,6 +64,6 @@ async def test_closed_actor_fails_pending_and_later_callers() -> None:
 
 
 async def test_unstarted_actor_refuses() -> None:
-    cache: CacheActor[bytes] = CacheActor()
+    cache = CacheActor()
     with pytest.raises(CacheActorDead, match="not started"):
         await cache.get("k", Gate())

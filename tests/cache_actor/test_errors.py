@@ -3,15 +3,16 @@ import asyncio
 import pytest
 
 from cache_actor import CacheActor, CacheConfig, CacheError, ComputeTimeout, Outcome
+from tests.support import Gate, until
 
-from .conftest import Gate, MakeActor, assert_stats, until
+from .conftest import MakeActor, assert_stats
 
 
 class ImageCorrupt(ValueError):
     pass
 
 
-async def test_error_reaches_every_waiter_with_its_type(cache: CacheActor[bytes]) -> None:
+async def test_error_reaches_every_waiter_with_its_type(cache: CacheActor) -> None:
     release = asyncio.Event()
     calls = 0
 
@@ -30,7 +31,7 @@ async def test_error_reaches_every_waiter_with_its_type(cache: CacheActor[bytes]
     assert_stats(cache, misses=1, coalesced=9, load_failures=1, entries=0)
 
 
-async def test_failure_is_not_stored(cache: CacheActor[bytes]) -> None:
+async def test_failure_is_not_stored(cache: CacheActor) -> None:
     async def broken() -> bytes:
         raise ImageCorrupt("bad header")
 
@@ -75,7 +76,7 @@ async def test_stale_failure_never_removes_a_newer_flight(make_actor: MakeActor)
 
 
 async def test_compute_raising_cancelled_error_is_not_passed_on(
-    cache: CacheActor[bytes],
+    cache: CacheActor,
 ) -> None:
     async def cancelled_inside() -> bytes:
         raise asyncio.CancelledError  # e.g. a dependency it awaited was cancelled

@@ -1,15 +1,16 @@
 import asyncio
 
 from cache_actor import CacheActor, CacheConfig, Outcome
+from tests.support import Gate, until
 
-from .conftest import Gate, MakeActor, assert_stats, until
+from .conftest import MakeActor, assert_stats
 
 
 def value_of(nbytes: int) -> bytes:
     return b"v" * nbytes
 
 
-async def put(cache: CacheActor[bytes], key: str, nbytes: int, tenant: str = "default") -> None:
+async def put(cache: CacheActor, key: str, nbytes: int, tenant: str = "default") -> None:
     async def compute() -> bytes:
         return value_of(nbytes)
 
@@ -86,7 +87,7 @@ async def test_eviction_under_load_never_drops_a_flight(make_actor: MakeActor) -
     assert cache.stats().bytes <= 2_000
 
 
-async def test_numpy_like_values_weigh_their_nbytes(cache: CacheActor[object]) -> None:
+async def test_numpy_like_values_weigh_their_nbytes(cache: CacheActor) -> None:
     class Tensor:
         nbytes = 4096
 

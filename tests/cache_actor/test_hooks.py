@@ -3,9 +3,10 @@ from typing import Any
 
 import pytest
 
-from cache_actor import CacheActor, CacheRecursionError, LookupEvent, Outcome
+from cache_actor import CacheRecursionError, LookupEvent, Outcome
+from tests.support import Gate, until
 
-from .conftest import Gate, MakeActor, until
+from .conftest import MakeActor
 
 
 class Recorder:
@@ -23,7 +24,7 @@ class Recorder:
 
 async def test_hook_sees_every_outcome_and_links_to_the_leader(make_actor: MakeActor) -> None:
     hook = Recorder()
-    cache: CacheActor[bytes] = make_actor(hook=hook)
+    cache = make_actor(hook=hook)
     gate = Gate(b"12345")
     leader = asyncio.ensure_future(cache.get("k", gate, tenant="t"))
     await gate.started.wait()
@@ -45,7 +46,7 @@ async def test_hook_sees_every_outcome_and_links_to_the_leader(make_actor: MakeA
 
 async def test_hook_sees_errors(make_actor: MakeActor) -> None:
     hook = Recorder()
-    cache: CacheActor[bytes] = make_actor(hook=hook)
+    cache = make_actor(hook=hook)
 
     async def reenters() -> bytes:
         return (await cache.get("k", reenters)).value
@@ -67,7 +68,7 @@ async def test_broken_hook_never_fails_a_lookup(
         def lookup_finished(self, token: object, event: LookupEvent) -> None:
             raise RuntimeError("exporter down")
 
-    cache: CacheActor[bytes] = make_actor(hook=Broken())
+    cache = make_actor(hook=Broken())
     gate = Gate()
     gate.release.set()
     assert (await cache.get("k", gate)).value == b"value"

@@ -3,8 +3,9 @@ import asyncio
 import pytest
 
 from cache_actor import CacheConfig, CacheOverloaded
+from tests.support import Gate, until
 
-from .conftest import Gate, MakeActor, assert_stats, until
+from .conftest import MakeActor, assert_stats
 
 
 async def test_full_mailbox_refuses_at_once(make_actor: MakeActor) -> None:

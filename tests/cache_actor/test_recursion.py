@@ -5,14 +5,15 @@ import asyncio
 import pytest
 
 from cache_actor import CacheActor, CacheRecursionError, Outcome
+from tests.support import Gate, until
 
-from .conftest import Gate, assert_stats, until
+from .conftest import assert_stats
 
 # Recursion must be refused at once; this bounds "at once" far below every deadline in play.
 FAST = 1.0
 
 
-async def test_same_key_recursion_is_refused_at_once(cache: CacheActor[bytes]) -> None:
+async def test_same_key_recursion_is_refused_at_once(cache: CacheActor) -> None:
     async def reenters() -> bytes:
         return (await cache.get("img", reenters, timeout=30)).value
 
@@ -27,7 +28,7 @@ async def test_same_key_recursion_is_refused_at_once(cache: CacheActor[bytes]) -
     assert (await cache.get("img", gate)).outcome is Outcome.MISS
 
 
-async def test_recursion_through_a_child_task(cache: CacheActor[bytes]) -> None:
+async def test_recursion_through_a_child_task(cache: CacheActor) -> None:
     async def logs_stats_in_a_task() -> bytes:
         # e.g. a statistics hook that looks the image up again from a task it spawned
         child = asyncio.create_task(cache.get("img", logs_stats_in_a_task, timeout=30))
@@ -39,7 +40,7 @@ async def test_recursion_through_a_child_task(cache: CacheActor[bytes]) -> None:
     assert cache.stats().recursion_rejections == 1
 
 
-async def test_recursion_through_another_key(cache: CacheActor[bytes]) -> None:
+async def test_recursion_through_another_key(cache: CacheActor) -> None:
     async def compute_a() -> bytes:
         return (await cache.get("b", compute_b, timeout=30)).value
 
@@ -52,7 +53,7 @@ async def test_recursion_through_another_key(cache: CacheActor[bytes]) -> None:
     assert caught.value.cycle == ("a", "b", "a")
 
 
-async def test_cross_key_cycle_between_two_requests(cache: CacheActor[bytes]) -> None:
+async def test_cross_key_cycle_between_two_requests(cache: CacheActor) -> None:
     a_started, b_started = asyncio.Event(), asyncio.Event()
 
     async def compute_a() -> bytes:
@@ -77,7 +78,7 @@ async def test_cross_key_cycle_between_two_requests(cache: CacheActor[bytes]) ->
     assert_stats(cache, misses=2, coalesced=1, recursion_rejections=1, load_failures=2, flights=0)
 
 
-async def test_nested_lookups_without_a_cycle_work(cache: CacheActor[bytes]) -> None:
+async def test_nested_lookups_without_a_cycle_work(cache: CacheActor) -> None:
     async def leaf() -> bytes:
         return b"leaf"
 

@@ -80,7 +80,7 @@ class ActorMachine(RuleBasedStateMachine):
         config = CacheConfig(
             max_bytes=MAX_BYTES, max_bytes_per_tenant=TENANT_BUDGET, max_entry_fraction=1.0
         )
-        self.cache: CacheActor[bytes] = CacheActor(config)
+        self.cache = CacheActor(config)
         self.runner.run(self._start())
         self.computations = 0
 

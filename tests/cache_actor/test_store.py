@@ -27,7 +27,7 @@ def make_store(**settings: Any) -> tuple[Store, Counters, Clock]:
 
 
 def admit(store: Store, full_key: FullKey, nbytes: int) -> bool:
-    return store.admit(full_key, hit=None, value=b"v" * nbytes, nbytes=nbytes, tier=None)
+    return store.admit(full_key, hit=None, nbytes=nbytes, tier=None)
 
 
 def test_ttl_expires_lazily_and_by_sweep() -> None:

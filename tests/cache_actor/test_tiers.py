@@ -1,9 +1,10 @@
 import asyncio
 from typing import Any
 
-from cache_actor import CacheActor, CacheConfig, InMemoryTier, Outcome, SecondTier
+from cache_actor import CacheConfig, InMemoryTier, Outcome, SecondTier
+from tests.support import Gate, until
 
-from .conftest import Gate, MakeActor, assert_stats, until
+from .conftest import MakeActor, assert_stats
 
 
 class BrokenTier:
@@ -53,7 +54,7 @@ def test_implementations_satisfy_the_protocol() -> None:
 async def test_value_from_the_second_tier(make_actor: MakeActor) -> None:
     tier = InMemoryTier("redis")
     tier.values[("default", "k")] = b"shared"
-    cache: CacheActor[bytes] = make_actor(tier=tier)
+    cache = make_actor(tier=tier)
     gate = Gate()
     lookup = await cache.get("k", gate)
     assert (lookup.value, lookup.outcome, lookup.tier) == (b"shared", Outcome.MISS, "redis")
@@ -66,7 +67,7 @@ async def test_value_from_the_second_tier(make_actor: MakeActor) -> None:
 
 async def test_computed_value_is_written_back(make_actor: MakeActor) -> None:
     tier = InMemoryTier()
-    cache: CacheActor[bytes] = make_actor(tier=tier)
+    cache = make_actor(tier=tier)
     gate = Gate(b"computed")
     gate.release.set()
     assert (await cache.get("k", gate, tenant="t")).tier is None
@@ -78,9 +79,7 @@ async def test_computed_value_is_written_back(make_actor: MakeActor) -> None:
 
 async def test_broken_tier_is_a_miss_and_opens_the_breaker(make_actor: MakeActor) -> None:
     tier = BrokenTier()
-    cache: CacheActor[bytes] = make_actor(
-        CacheConfig(tier_breaker_failures=3, tier_breaker_seconds=3600), tier=tier
-    )
+    cache = make_actor(CacheConfig(tier_breaker_failures=3, tier_breaker_seconds=3600), tier=tier)
     for i in range(5):
         gate = Gate(b"computed")
         gate.release.set()
@@ -100,7 +99,7 @@ async def test_broken_tier_is_a_miss_and_opens_the_breaker(make_actor: MakeActor
 
 async def test_hanging_tier_times_out_as_a_miss(make_actor: MakeActor) -> None:
     tier = HangingTier()
-    cache: CacheActor[bytes] = make_actor(CacheConfig(tier_timeout=0.01), tier=tier)
+    cache = make_actor(CacheConfig(tier_timeout=0.01), tier=tier)
     gate = Gate(b"computed")
     gate.release.set()
     lookup = await cache.get("k", gate, timeout=10)
@@ -109,7 +108,7 @@ async def test_hanging_tier_times_out_as_a_miss(make_actor: MakeActor) -> None:
 
 
 async def test_failed_write_back_is_reported_not_raised(make_actor: MakeActor) -> None:
-    cache: CacheActor[bytes] = make_actor(tier=ReadOnlyTier())
+    cache = make_actor(tier=ReadOnlyTier())
     gate = Gate(b"computed")
     gate.release.set()
     assert (await cache.get("k", gate)).value == b"computed"

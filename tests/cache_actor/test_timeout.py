@@ -3,11 +3,12 @@ import asyncio
 import pytest
 
 from cache_actor import CacheActor, CacheConfig, ComputeTimeout, Outcome
+from tests.support import Gate, Stuck, until
 
-from .conftest import Gate, MakeActor, Stuck, assert_stats, until
+from .conftest import MakeActor, assert_stats
 
 
-async def test_caller_timeout_leaves_the_flight_running(cache: CacheActor[bytes]) -> None:
+async def test_caller_timeout_leaves_the_flight_running(cache: CacheActor) -> None:
     gate = Gate()
     patient = asyncio.ensure_future(cache.get("k", gate, timeout=30))
     await gate.started.wait()

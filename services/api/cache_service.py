@@ -1,0 +1,152 @@
+"""The Cache service: what the cache actor and the engine's prefix cache hold, for operators;
+and Prefetch, which warms the cache with an image that later requests refer to by digest."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, final
+
+import grpc
+
+from cache_actor import CacheActor, EntryInfo
+
+from ..config import Settings
+from ..errors import InvalidRequest, Violation
+from ..keys import is_hex_key
+from ..pipeline.generation import Pipeline
+from ..proto.mmgate.v1 import cache_pb2 as pb
+from ..proto.mmgate.v1 import cache_pb2_grpc
+from ..proto.mmgate.v1 import inference_pb2 as inference_pb
+from ..types import EngineStats
+from ..wire import is_digest
+from .metadata import tenant_of
+from .status import abort, from_exception
+from .validation import image_input, image_violations
+
+_ACTOR_FIELDS = frozenset(pb.ActorStats.DESCRIPTOR.fields_by_name) - {"hit_ratio"}
+
+
+def _checked_key(key: str) -> str:
+    if not is_hex_key(key):
+        raise InvalidRequest([Violation("key", "a cache key as reported: lowercase hex digits")])
+    return key
+
+
+def _target(key: str, digest: str) -> tuple[str, str]:
+    """Exactly one of a cache key or an image digest, checked."""
+    if bool(key) == bool(digest):
+        raise InvalidRequest([Violation("key", "set exactly one of key or digest")])
+    if digest and not is_digest(digest):
+        raise InvalidRequest([Violation("digest", "'sha256:' and 64 lowercase hex digits")])
+    return (_checked_key(key) if key else ""), digest
+
+
+def _entry_fields(info: EntryInfo) -> dict[str, Any]:
+    return {
+        "key": info.key,
+        "state": info.state,
+        "bytes": info.nbytes,
+        "age_seconds": info.age_seconds,
+        "hits": info.hits,
+        "tier": info.tier or "",
+        "waiters": info.waiters,
+    }
+
+
+@final
+class CacheServicer(cache_pb2_grpc.CacheServicer):
+    def __init__(
+        self,
+        settings: Settings,
+        cache: CacheActor,
+        pipeline: Pipeline,
+        engine_stats: Callable[[], EngineStats],
+    ) -> None:
+        self.settings = settings
+        self.cache = cache
+        self.pipeline = pipeline
+        self.engine_stats = engine_stats
+
+    async def GetStats(
+        self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetStatsResponse:
+        stats = self.cache.stats()
+        values = dataclasses.asdict(stats)
+        actor = pb.ActorStats(
+            **{name: values[name] for name in _ACTOR_FIELDS}, hit_ratio=stats.hit_ratio
+        )
+        e = self.engine_stats()
+        engine = pb.EngineCacheStats(
+            **dataclasses.asdict(e), prefix_cache_hit_ratio=e.prefix_cache_hit_ratio
+        )
+        media = self.pipeline.media
+        return pb.GetStatsResponse(
+            actor=actor,
+            engine=engine,
+            model=self.pipeline.engine.model_name,
+            media_mode=media.mode,
+            media=pb.MediaStats(**dataclasses.asdict(media.stats)),
+        )
+
+    async def Prefetch(
+        self, request: pb.PrefetchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PrefetchResponse:
+        try:
+            self.pipeline.check_ready(with_images=True)
+            image = inference_pb.Image(data=request.data, mime_type=request.mime_type)
+            if violations := image_violations(image, self.settings):
+                raise InvalidRequest(violations)
+            remaining = context.time_remaining()
+            timeout = self.settings.default_deadline_seconds if remaining is None else remaining
+            try:
+                report = await self.pipeline.media.prefetch(
+                    image_input(0, image), tenant_of(context), timeout
+                )
+            except InvalidRequest as invalid:
+                # the stage names the image as in a GenerateRequest; here it is `data`
+                raise InvalidRequest(
+                    [Violation("data", v.description) for v in invalid.violations]
+                ) from None
+        except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
+            await abort(context, from_exception(exc))
+        return pb.PrefetchResponse(
+            digest=report.digest, outcome=report.outcome, tier=report.tier, form=report.form
+        )
+
+    async def Inspect(
+        self, request: pb.InspectRequest, context: grpc.aio.ServicerContext
+    ) -> pb.InspectResponse:
+        try:
+            key, digest = _target(request.key, request.digest)
+            tenant = tenant_of(context)
+            if key:
+                info = await self.cache.inspect(key, tenant=tenant)
+                return pb.InspectResponse(**_entry_fields(info))
+            stages = [
+                pb.StageEntry(
+                    stage=stage, **_entry_fields(await self.cache.inspect(k, tenant=tenant))
+                )
+                for stage, k in self.pipeline.media.stage_keys(digest).items()
+            ]
+        except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
+            await abort(context, from_exception(exc))
+        held = [s for s in stages if s.state != "absent"]
+        return pb.InspectResponse(
+            key=digest,
+            state=held[-1].state if held else "absent",
+            bytes=sum(s.bytes for s in held),
+            stages=stages,
+        )
+
+    async def Invalidate(
+        self, request: pb.InvalidateRequest, context: grpc.aio.ServicerContext
+    ) -> pb.InvalidateResponse:
+        try:
+            key, digest = _target(request.key, request.digest)
+            tenant = tenant_of(context)
+            keys = [key] if key else list(self.pipeline.media.stage_keys(digest).values())
+            removed = [await self.cache.invalidate(k, tenant=tenant) for k in keys]
+        except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
+            await abort(context, from_exception(exc))
+        return pb.InvalidateResponse(removed=any(removed))

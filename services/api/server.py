@@ -1,0 +1,262 @@
+"""The grpc.aio server, and the composition root: it builds every part and wires them.
+
+    MmgateServer: Settings ─▶ Tracing, Metrics, CacheActor (with their lookup hooks),
+                  EngineWorker, Pipeline, the servicers, the interceptors, health; metrics get
+                  a snapshot function (nothing reaches through the server from outside)
+
+    start:    cache actor ─▶ gRPC port open (health NOT_SERVING, liveness SERVING)
+              ─▶ model prepared (in a thread) ─▶ vision encoder loaded (embeddings mode)
+              ─▶ engine started (in a thread) ─▶ the media stage chosen ─▶ health SERVING
+    running:  a monitor pings the actor and checks the engine every second; health follows
+    SIGTERM:  health NOT_SERVING ─▶ new calls refused (UNAVAILABLE) ─▶ in-flight calls get the
+              grace period ─▶ the rest cancelled ─▶ shared-response producers, engine and actor
+              closed ─▶ nothing left running
+
+Health services: "" (overall) and each mmgate service follow readiness; "liveness" says the
+process is responsive (the cache actor answers its mailbox), "readiness" that it can serve
+(engine ready, actor alive, not shutting down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import signal
+from pathlib import Path
+from typing import final
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from cache_actor import CacheActor, CacheActorDead
+
+from ..config import Settings
+from ..engine.encoder import VisionEncoder
+from ..engine.worker import EngineWorker
+from ..models import image_tokens, model_config, prepare_default_model
+from ..observability.lookups import Observers
+from ..observability.metric_families import Snapshot
+from ..observability.metrics import Metrics
+from ..observability.tracing import Tracing
+from ..pipeline.generation import Pipeline
+from ..pipeline.media import MediaStage, media_stage
+from ..proto.mmgate.v1 import cache_pb2, cache_pb2_grpc, inference_pb2, inference_pb2_grpc
+from .cache_service import CacheServicer
+from .inference import InferenceServicer
+from .interceptors.metrics import metrics_interceptors
+from .interceptors.tracing import tracing_interceptors
+
+log = logging.getLogger("mmgate.server")
+
+INFERENCE = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
+CACHE = cache_pb2.DESCRIPTOR.services_by_name["Cache"].full_name
+LIVENESS = "liveness"
+READINESS = "readiness"
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+HEALTH_INTERVAL_SECONDS = 1.0
+
+
+def resolve_model(settings: Settings) -> str:
+    """The model to serve: the configured one, or the embedded default, prepared once."""
+    if settings.engine.model:
+        return settings.engine.model
+    return str(prepare_default_model(settings.model_cache))
+
+
+@final
+class MmgateServer:
+    def __init__(
+        self, settings: Settings, *, model: str | None = None, tracing: Tracing | None = None
+    ) -> None:
+        self.settings = settings
+        # tracing: one of the caller's (tests hand in their own span processors)
+        self.tracing = tracing if tracing is not None else Tracing(settings)
+        self.metrics = Metrics(settings)
+        hooks = [h for h in (self.tracing.lookup_hook, self.metrics.lookup_hook) if h is not None]
+        self.cache = CacheActor(
+            settings.cache.actor_config(), hook=Observers(hooks) if hooks else None
+        )
+        self.engine = EngineWorker(settings.engine, model)
+        self.health = HealthServicer()
+        self.pipeline = Pipeline(settings, self.engine, self.cache)
+        self.inference = InferenceServicer(settings, self.pipeline)
+        self.cache_service = CacheServicer(
+            settings, self.cache, self.pipeline, engine_stats=self.engine.stats
+        )
+        self.server = grpc.aio.server(
+            # tracing outermost: its server span covers the metrics interceptor's work too
+            interceptors=[*tracing_interceptors(self.tracing), *metrics_interceptors(self.metrics)],
+            options=[
+                # messages up to twice the limit reach validation, which names the field;
+                # beyond that gRPC itself answers RESOURCE_EXHAUSTED
+                ("grpc.max_receive_message_length", 2 * settings.max_message_bytes),
+                ("grpc.max_send_message_length", 2 * settings.max_message_bytes),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        inference_pb2_grpc.add_InferenceServicer_to_server(self.inference, self.server)
+        cache_pb2_grpc.add_CacheServicer_to_server(self.cache_service, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (
+                INFERENCE,
+                CACHE,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            self.server,
+        )
+        self.port = self.server.add_insecure_port(f"{settings.host}:{settings.port}")
+        self._monitor: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> None:
+        """Open the port at once (health NOT_SERVING), then start the engine."""
+        self.cache.start()
+        for service in ("", INFERENCE, CACHE, READINESS):
+            await self.health.set(service, NOT_SERVING)
+        await self.health.set(LIVENESS, SERVING)
+        await self.server.start()
+        if self.metrics.enabled:
+            self.metrics.start(self.snapshot)
+        log.info("listening on %s:%d; starting the engine", self.settings.host, self.port)
+        if not self.engine.model_path:
+            # the first start converts the embedded default model (~20 s): off the loop
+            self.engine.use_model(await asyncio.to_thread(resolve_model, self.settings))
+        encoder = await asyncio.to_thread(self._plan_media)
+        await self.engine.start()
+        media = self._media_stage(encoder)
+        self.pipeline.use_media(media)
+        log.info("media mode: %s (%s)", media.mode, media.description)
+        await self.refresh_health()
+        self._monitor = asyncio.create_task(self._watch(), name="mmgate-health")
+        log.info("serving %s on %s:%d", self.engine.model_name, self.settings.host, self.port)
+
+    def snapshot(self) -> Snapshot:
+        """What metrics export, read from each part at once (on the event loop)."""
+        media = self.pipeline.media
+        return Snapshot(
+            cache=self.cache.stats(),
+            mailbox_capacity=self.cache.config.mailbox_size,
+            lookups=self.metrics.lookups(),
+            engine=self.engine.stats(),
+            tokens=self.engine.token_stats(),
+            engine_ready=self.engine.ready,
+            model=self.engine.model_name,
+            media=dataclasses.replace(media.stats),
+            media_mode=media.mode,
+            active_requests=self.inference.active,
+            max_concurrent_requests=self.settings.max_concurrent_requests,
+        )
+
+    def _media_stage(self, encoder: VisionEncoder | None) -> MediaStage:
+        takes_images = self.engine.takes_images
+        return media_stage(
+            self.settings.media,
+            self.cache,
+            self.engine.model_name,
+            takes_images=takes_images,
+            encoder=encoder,
+            placeholder_tokens=image_tokens(model_config(self.engine.model_path))
+            if takes_images
+            else 1,
+        )
+
+    def _plan_media(self) -> VisionEncoder | None:
+        """Before the engine starts: whether it takes images, and the encoder mmgate runs."""
+        settings = self.settings.media
+        if "vision_config" not in model_config(self.engine.model_path):
+            return None
+        encoder = None
+        if settings.mode != "pixels":
+            try:
+                encoder = VisionEncoder.load(
+                    Path(self.engine.model_path),
+                    dtype=settings.encoder_dtype or self.engine.dtype,
+                )
+            except (ValueError, OSError) as exc:
+                if settings.mode == "embeddings":
+                    raise
+                # auto: a LLaVA variant this encoder does not reproduce; vLLM encodes it
+                log.warning("not running the vision encoder in mmgate: %s", exc)
+            if encoder is None and settings.mode == "embeddings":
+                raise RuntimeError(
+                    f"media mode 'embeddings': mmgate cannot run the vision encoder of "
+                    f"{self.engine.model_path} (LLaVA-family models only); use 'auto' or 'pixels'"
+                )
+        self.engine.accept_images(
+            per_prompt=settings.max_images_per_request, embeddings=encoder is not None
+        )
+        return encoder
+
+    async def refresh_health(self) -> None:
+        """Set every health service from the actor's ping and the engine (the monitor's step)."""
+        try:
+            await self.cache.ping(timeout=HEALTH_INTERVAL_SECONDS)
+            alive = True
+        except (CacheActorDead, TimeoutError):
+            alive = False
+        ready = alive and self.engine.ready and not self._stopping
+        await self.health.set(LIVENESS, SERVING if alive else NOT_SERVING)
+        for service in ("", INFERENCE, CACHE, READINESS):
+            await self.health.set(service, SERVING if ready else NOT_SERVING)
+
+    async def _watch(self) -> None:
+        while not self._stopping:
+            await self.refresh_health()
+            try:
+                await asyncio.wait_for(self._stopped.wait(), HEALTH_INTERVAL_SECONDS)
+            except TimeoutError:
+                continue
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Drain and close everything; safe to call more than once."""
+        if self._stopping:
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        grace = self.settings.shutdown_grace_seconds if grace is None else grace
+        log.info("shutting down: %g s for calls in flight", grace)
+        await self.health.enter_graceful_shutdown()
+        if self._monitor is not None:
+            self._monitor.cancel()
+            await asyncio.gather(self._monitor, return_exceptions=True)
+        if not await self.inference.drain(grace):
+            log.warning("grace period over with %d requests in flight", self.inference.active)
+        # whatever is left (a stream past the grace period, a health Watch) is cancelled now
+        await self.server.stop(0)
+        await self.pipeline.close()
+        await self.engine.close()
+        await self.cache.aclose()
+        self.metrics.stop()
+        await self.tracing.shutdown()
+        self._stopped.set()
+        log.info("stopped")
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+
+async def serve(settings: Settings) -> None:
+    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+    server = MmgateServer(settings)
+    loop = asyncio.get_running_loop()
+    stopping: set[asyncio.Task[None]] = set()  # holds the task until it is done
+
+    def on_signal() -> None:
+        task = asyncio.ensure_future(server.stop())
+        stopping.add(task)
+        task.add_done_callback(stopping.discard)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        await server.start()
+        await server.wait_stopped()
+    finally:
+        await server.stop()

@@ -1,0 +1,154 @@
+"""How failures reach a client: one gRPC status per failure, with google.rpc details.
+
+InvalidRequest                 INVALID_ARGUMENT   + BadRequest naming each field
+over capacity, CacheOverloaded RESOURCE_EXHAUSTED + ErrorInfo(reason=OVERLOADED)
+ImageNotHeld (image digest)    NOT_FOUND          + ErrorInfo(reason=IMAGE_NOT_FOUND, digest, index)
+ComputeTimeout, deadline       DEADLINE_EXCEEDED
+CacheActorDead, engine down    UNAVAILABLE        + ErrorInfo(reason=...)
+ModelTakesNoImages             FAILED_PRECONDITION + ErrorInfo(reason=MODEL_TAKES_NO_IMAGES)
+CacheRecursionError            INTERNAL           (the cycle goes to the log, not the client)
+anything else                  INTERNAL           (the log has it; the client gets no class name)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import NoReturn
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from cache_actor import (
+    CacheActorDead,
+    CacheOverloaded,
+    CacheRecursionError,
+    ComputeTimeout,
+)
+
+from ..errors import (
+    EngineUnavailable,
+    ImageNotHeld,
+    InvalidRequest,
+    ModelTakesNoImages,
+    Violation,
+)
+from ..wire import (
+    CACHE_UNAVAILABLE,
+    DRAINING,
+    ENGINE_UNAVAILABLE,
+    ERROR_DOMAIN,
+    IMAGE_NOT_FOUND,
+    MODEL_TAKES_NO_IMAGES,
+    OVERLOADED,
+)
+
+log = logging.getLogger("mmgate.errors")
+
+
+class ServiceError(Exception):
+    """A failure with the gRPC status it should end the call with."""
+
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        message: str,
+        *,
+        reason: str | None = None,
+        violations: list[Violation] | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.reason = reason
+        self.violations = violations or []
+        self.metadata = metadata or {}
+
+    def to_status(self) -> grpc.Status:
+        details: list[any_pb2.Any] = []
+        if self.violations:
+            bad_request = error_details_pb2.BadRequest(
+                field_violations=[
+                    error_details_pb2.BadRequest.FieldViolation(
+                        field=v.field, description=v.description
+                    )
+                    for v in self.violations
+                ]
+            )
+            packed = any_pb2.Any()
+            packed.Pack(bad_request)
+            details.append(packed)
+        if self.reason:
+            packed = any_pb2.Any()
+            packed.Pack(
+                error_details_pb2.ErrorInfo(
+                    reason=self.reason, domain=ERROR_DOMAIN, metadata=self.metadata
+                )
+            )
+            details.append(packed)
+        code_number: int = self.code.value[0]
+        return rpc_status.to_status(
+            status_pb2.Status(code=code_number, message=self.message, details=details)
+        )
+
+
+def draining() -> ServiceError:
+    return ServiceError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down", reason=DRAINING)
+
+
+def overloaded(active: int) -> ServiceError:
+    return ServiceError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        f"{active} requests in progress; try again later",
+        reason=OVERLOADED,
+    )
+
+
+def invalid(violations: list[Violation]) -> ServiceError:
+    message = "; ".join(f"{v.field}: {v.description}" for v in violations)
+    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, message, violations=violations)
+
+
+def from_exception(exc: BaseException) -> ServiceError:
+    """The status a failure inside a request ends with."""
+    if isinstance(exc, ServiceError):
+        return exc
+    if isinstance(exc, InvalidRequest):
+        return invalid(exc.violations)
+    if isinstance(exc, ModelTakesNoImages):
+        return ServiceError(
+            grpc.StatusCode.FAILED_PRECONDITION, str(exc), reason=MODEL_TAKES_NO_IMAGES
+        )
+    if isinstance(exc, ImageNotHeld):
+        return ServiceError(
+            grpc.StatusCode.NOT_FOUND,
+            str(exc),
+            reason=IMAGE_NOT_FOUND,
+            metadata={"digest": exc.digest, "index": str(exc.index)},
+        )
+    if isinstance(exc, CacheRecursionError):
+        log.error("cache recursion refused: %s (cycle %s)", exc, " -> ".join(exc.cycle))
+        return ServiceError(
+            grpc.StatusCode.INTERNAL, "internal error: a cache lookup would wait on itself"
+        )
+    if isinstance(exc, ComputeTimeout | TimeoutError):
+        return ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded: {exc}")
+    if isinstance(exc, CacheOverloaded):
+        return ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), reason=OVERLOADED)
+    if isinstance(exc, CacheActorDead):
+        return ServiceError(grpc.StatusCode.UNAVAILABLE, str(exc), reason=CACHE_UNAVAILABLE)
+    if isinstance(exc, EngineUnavailable) or type(exc).__name__ == "EngineDeadError":
+        return ServiceError(
+            grpc.StatusCode.UNAVAILABLE,
+            str(exc) or "engine is not available",
+            reason=ENGINE_UNAVAILABLE,
+        )
+    log.exception("request failed", exc_info=exc)
+    return ServiceError(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+
+
+async def abort(context: grpc.aio.ServicerContext, error: ServiceError) -> NoReturn:
+    await context.abort_with_status(error.to_status())
+    raise AssertionError("abort_with_status returned")  # pragma: no cover

@@ -1,0 +1,243 @@
+"""Request validation: everything that can be refused before any cache or engine work.
+
+    pb.GenerateRequest ─ validate ─▶ GenerationRequest (services/types.py: no proto below here)
+                                  └▶ InvalidRequest([Violation(field, description), ...])
+
+Each problem becomes a ``google.rpc.BadRequest.FieldViolation`` naming the field, so a client can
+point at its mistake; all problems of a request are reported together.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import uuid
+from collections.abc import Callable, Sequence
+
+from google.protobuf import unknown_fields
+from google.protobuf.message import Message
+
+from ..config import Settings
+from ..errors import InvalidRequest, Violation
+from ..proto.mmgate.v1 import inference_pb2 as pb
+from ..types import CachePolicy, ChatTurn, GenerationRequest, ImageInput, Sampling
+from ..wire import IMAGE_PLACEHOLDER, MIME_TYPES, is_digest
+
+ROLES = frozenset({"system", "user", "assistant"})
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
+MAX_STOP_CHARS = 256
+
+
+_POLICIES: dict[int, CachePolicy] = {
+    pb.CACHE_POLICY_UNSPECIFIED: "prompt",
+    pb.CACHE_POLICY_RESPONSE: "response",
+    pb.CACHE_POLICY_BYPASS: "bypass",
+}
+
+
+def _has_unknown_fields(message: Message) -> bool:
+    return len(unknown_fields.UnknownFieldSet(message)) > 0
+
+
+def _finite(value: float) -> bool:
+    return not (math.isnan(value) or math.isinf(value))
+
+
+def validate(
+    request: pb.GenerateRequest,
+    settings: Settings,
+    *,
+    max_model_len: int,
+    takes_images: bool = False,
+) -> GenerationRequest:
+    """Check a GenerateRequest against the contract and the server's limits."""
+    problems: list[Violation] = []
+
+    def bad(field: str, description: str) -> None:
+        problems.append(Violation(field, description))
+
+    size = request.ByteSize()
+    if size > settings.max_message_bytes:
+        bad("request", f"{size} bytes; the limit is {settings.max_message_bytes}")
+
+    prompt: str | None = None
+    chat: tuple[ChatTurn, ...] | None = None
+    kind = request.WhichOneof("input")
+    if kind is None:
+        bad("input", "set either prompt or chat")
+    elif kind == "prompt":
+        prompt = request.prompt
+        if not prompt.strip():
+            bad("prompt", "must not be empty")
+        elif len(prompt) > settings.max_prompt_chars:
+            bad("prompt", f"{len(prompt)} characters; the limit is {settings.max_prompt_chars}")
+    else:
+        messages = request.chat.messages
+        if _has_unknown_fields(request.chat):
+            bad("chat", "carries fields this server does not know")
+        if not messages:
+            bad("chat.messages", "must hold at least one message")
+        elif len(messages) > settings.max_chat_messages:
+            bad(
+                "chat.messages",
+                f"{len(messages)} messages; the limit is {settings.max_chat_messages}",
+            )
+        total = 0
+        for i, message in enumerate(messages[: settings.max_chat_messages]):
+            where = f"chat.messages[{i}]"
+            if _has_unknown_fields(message):
+                bad(where, "carries fields this server does not know (only role and content)")
+            if message.role not in ROLES:
+                bad(f"{where}.role", f"{message.role!r} is not one of {', '.join(sorted(ROLES))}")
+            if not message.content.strip():
+                bad(f"{where}.content", "must not be empty")
+            total += len(message.content)
+        if total > settings.max_prompt_chars:
+            bad("chat.messages", f"{total} characters; the limit is {settings.max_prompt_chars}")
+        chat = tuple(ChatTurn(m.role, m.content) for m in messages)
+
+    sampling, max_tokens_set = _sampling(request, settings, max_model_len, bad)
+    if takes_images:
+        text_field = "prompt" if kind == "prompt" else "chat.messages"
+        texts = [prompt] if prompt is not None else [t.content for t in chat or ()]
+        _images(request.images, texts, text_field, settings, bad)
+
+    request_id = request.request_id
+    if request_id and not _REQUEST_ID.match(request_id):
+        bad("request_id", "1 to 128 characters of letters, digits and ._:/-")
+    if request.cache_policy not in _POLICIES:
+        bad("cache_policy", f"unknown value {request.cache_policy}")
+
+    if problems:
+        raise InvalidRequest(problems)
+    return GenerationRequest(
+        prompt=prompt,
+        chat=chat,
+        sampling=sampling,
+        max_tokens_set=max_tokens_set,
+        request_id=request_id or uuid.uuid4().hex,
+        cache_policy=_POLICIES[request.cache_policy],
+        images=tuple(image_input(i, image) for i, image in enumerate(request.images)),
+    )
+
+
+def image_input(index: int, image: pb.Image) -> ImageInput:
+    """A checked pb.Image as the pipeline takes it."""
+    if image.WhichOneof("source") == "data":
+        return ImageInput(index, image.data, mime_type=image.mime_type)
+    return ImageInput(index, None, digest=image.digest, mime_type=image.mime_type)
+
+
+def _images(
+    images: Sequence[pb.Image],
+    texts: Sequence[str],
+    text_field: str,
+    settings: Settings,
+    bad: Callable[[str, str], None],
+) -> None:
+    limits = settings.media
+    if len(images) > limits.max_images_per_request:
+        bad("images", f"{len(images)} images; the limit is {limits.max_images_per_request}")
+        return
+    placeholders = sum(text.count(IMAGE_PLACEHOLDER) for text in texts)
+    if placeholders != len(images):
+        bad(
+            text_field,
+            f"{placeholders} {IMAGE_PLACEHOLDER} placeholders for {len(images)} images;"
+            " each image needs one, in order",
+        )
+    for i, image in enumerate(images):
+        where = f"images[{i}]"
+        if _has_unknown_fields(image):
+            bad(where, "carries fields this server does not know")
+        source = image.WhichOneof("source")
+        if source is None:
+            bad(where, "set data or digest")
+        elif source == "digest" and not is_digest(image.digest):
+            bad(f"{where}.digest", "'sha256:' and 64 lowercase hex digits")
+        for violation in image_violations(image, settings, f"{where}."):
+            bad(violation.field, violation.description)
+
+
+def image_violations(image: pb.Image, settings: Settings, prefix: str = "") -> list[Violation]:
+    """What is wrong with an image's bytes and mime type, fields named after ``prefix``."""
+    found: list[Violation] = []
+    limit = settings.media.max_image_bytes
+    if image.WhichOneof("source") == "data":
+        if not image.data:
+            found.append(Violation(f"{prefix}data", "must not be empty"))
+        elif len(image.data) > limit:
+            found.append(
+                Violation(f"{prefix}data", f"{len(image.data)} bytes; the limit is {limit}")
+            )
+    if image.mime_type and image.mime_type not in MIME_TYPES:
+        found.append(
+            Violation(
+                f"{prefix}mime_type", f"{image.mime_type!r} is not one of {', '.join(MIME_TYPES)}"
+            )
+        )
+    return found
+
+
+def _sampling(
+    request: pb.GenerateRequest,
+    settings: Settings,
+    max_model_len: int,
+    bad: Callable[[str, str], None],
+) -> tuple[Sampling, bool]:
+    s = request.sampling
+    if _has_unknown_fields(s):
+        bad("sampling", "carries fields this server does not know")
+    max_tokens_set = s.HasField("max_tokens")
+    max_tokens = s.max_tokens if max_tokens_set else max_model_len
+    if max_tokens_set and not 1 <= s.max_tokens < max_model_len:
+        bad("sampling.max_tokens", f"must be between 1 and {max_model_len - 1}")
+    checks: list[tuple[str, bool, str]] = [
+        ("temperature", _finite(s.temperature) and 0 <= s.temperature <= 100, "between 0 and 100"),
+        ("top_p", _finite(s.top_p) and 0 < s.top_p <= 1, "in (0, 1]"),
+        ("top_k", s.top_k >= -1, "-1 or 0 (all tokens) or a positive count"),
+        ("min_p", _finite(s.min_p) and 0 <= s.min_p <= 1, "in [0, 1]"),
+        (
+            "presence_penalty",
+            _finite(s.presence_penalty) and -2 <= s.presence_penalty <= 2,
+            "in [-2, 2]",
+        ),
+        (
+            "frequency_penalty",
+            _finite(s.frequency_penalty) and -2 <= s.frequency_penalty <= 2,
+            "in [-2, 2]",
+        ),
+        (
+            "repetition_penalty",
+            _finite(s.repetition_penalty) and 0 < s.repetition_penalty <= 10,
+            "in (0, 10]",
+        ),
+        ("seed", s.seed >= 0, "not negative"),
+    ]
+    for name, ok, rule in checks:
+        if s.HasField(name) and not ok:
+            bad(f"sampling.{name}", f"{getattr(s, name)!r} is not {rule}")
+    if len(s.stop) > settings.max_stop_strings:
+        bad("sampling.stop", f"{len(s.stop)} strings; the limit is {settings.max_stop_strings}")
+    for i, stop in enumerate(s.stop):
+        if not stop or len(stop) > MAX_STOP_CHARS:
+            bad(f"sampling.stop[{i}]", f"must hold 1 to {MAX_STOP_CHARS} characters")
+
+    def optional(name: str) -> float | None:
+        return getattr(s, name) if s.HasField(name) else None
+
+    top_k = s.top_k if s.HasField("top_k") else None
+    sampling = Sampling(
+        max_tokens=max_tokens,
+        temperature=optional("temperature"),
+        top_p=optional("top_p"),
+        top_k=-1 if top_k == 0 else top_k,
+        seed=s.seed if s.HasField("seed") else None,
+        stop=tuple(s.stop),
+        presence_penalty=optional("presence_penalty"),
+        frequency_penalty=optional("frequency_penalty"),
+        repetition_penalty=optional("repetition_penalty"),
+        min_p=optional("min_p"),
+        ignore_eos=s.ignore_eos,
+    )
+    return sampling, max_tokens_set

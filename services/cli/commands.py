@@ -1,0 +1,200 @@
+"""The ``mmgate`` command.
+
+mmgate serve [--port 50051 --engine.model PATH ...]   settings: env MMGATE_*, flags override
+mmgate generate "What is the capital of France?" [--stream] [--max-tokens N] [--raw]
+mmgate generate "What is in the picture?" --image photo.jpg   (a vision model)
+mmgate stats [--target HOST:PORT] [--watch [SECONDS] [--count N]]
+mmgate models prepare [--cache DIR]
+mmgate models tiny PATH [--seed N]          a tiny random Llama (tests)
+mmgate models tiny-llava PATH [--seed N]    a tiny random LLaVA (multimodal tests)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+
+from ..client import DEFAULT_TARGET, MmgateClient
+from .stats_view import render_stats
+
+
+def _serve(argv: Sequence[str]) -> int:
+    from ..api.server import serve
+    from ..config import Settings
+    from ..observability.logs import configure_logging
+
+    settings = Settings(_cli_parse_args=list(argv))
+    # each line carries the trace and span ids of the request it was logged in
+    configure_logging(settings.log_level, settings.log_format)
+    asyncio.run(serve(settings))
+    return 0
+
+
+async def _generate(args: argparse.Namespace) -> int:
+    options = {
+        "raw": args.raw,
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "seed": args.seed,
+        "cache_policy": args.cache_policy,
+        "images": args.image_bytes,
+    }
+    async with MmgateClient(args.target, tenant=args.tenant, timeout=args.timeout) as client:
+        if args.stream:
+            async for text in client.stream_text(args.prompt, **options):
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+        else:
+            response = await client.complete(args.prompt, **options)
+            sys.stdout.write(response.text + "\n")
+    return 0
+
+
+async def _stats(args: argparse.Namespace) -> int:
+    if args.count is not None and args.watch is None:
+        sys.stderr.write("mmgate stats: --count needs --watch\n")
+        return 2
+    async with MmgateClient(args.target, timeout=args.timeout) as client:
+        if args.watch is None:
+            sys.stdout.write(render_stats(await client.stats()))
+            return 0
+        await _watch_stats(client, args.target, args.watch, args.count)
+    return 0
+
+
+async def _watch_stats(
+    client: MmgateClient, target: str, interval: float, count: int | None
+) -> None:
+    """Redraw the stats every ``interval`` seconds until Ctrl-C, or ``count`` tables."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    tty = sys.stdout.isatty()
+    shown = 0
+    try:
+        while True:
+            table = render_stats(await client.stats())  # bounded by the client's timeout
+            heading = (
+                f"mmgate stats {target}, every {interval:g} s, {time.strftime('%H:%M:%S')}\n\n"
+            )
+            # on a terminal: home the cursor and clear the screen; piped: tables one after another
+            prefix = "\x1b[H\x1b[2J" if tty else ("\n" if shown else "")
+            sys.stdout.write(prefix + heading + table)
+            sys.stdout.flush()
+            shown += 1
+            if count is not None and shown >= count:
+                return
+            # the refresh interval, cut short by Ctrl-C
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+            if stop.is_set():
+                return
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
+def _positive_count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _interval(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be a positive number of seconds")
+    return value
+
+
+def _models(args: argparse.Namespace) -> int:
+    from .. import models
+
+    if args.models_command == "tiny":
+        path = models.build_tiny_model(Path(args.path), seed=args.seed)
+    elif args.models_command == "tiny-llava":
+        path = models.build_tiny_llava(Path(args.path), seed=args.seed)
+    else:
+        from ..config import Settings
+
+        cache = Path(args.cache) if args.cache else Settings().model_cache
+        path = models.prepare_default_model(cache)
+    sys.stdout.write(f"{path}\n")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mmgate", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("serve", help="run the gRPC service (mmgate serve --help)", add_help=False)
+
+    generate = commands.add_parser("generate", help="ask a running mmgate")
+    generate.add_argument("prompt")
+    generate.add_argument("--stream", action="store_true", help="print tokens as they arrive")
+    generate.add_argument("--raw", action="store_true", help="no chat template")
+    generate.add_argument("--max-tokens", type=int, default=128)
+    generate.add_argument(
+        "--temperature", type=float, default=0.0, help="0 (the default here) is greedy"
+    )
+    generate.add_argument("--seed", type=int)
+    generate.add_argument(
+        "--cache-policy", choices=["prompt", "response", "bypass"], default="prompt"
+    )
+    generate.add_argument("--tenant")
+    generate.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        help="an image file (PNG, JPEG, WebP) for each <image> in the prompt; repeatable",
+    )
+
+    stats = commands.add_parser("stats", help="cache levels and actor health")
+    stats.add_argument(
+        "--watch",
+        nargs="?",
+        type=_interval,
+        const=2.0,
+        metavar="SECONDS",
+        help="redraw every SECONDS (default 2) until Ctrl-C",
+    )
+    stats.add_argument(
+        "--count", type=_positive_count, metavar="N", help="with --watch: stop after N tables"
+    )
+    models = commands.add_parser("models", help="model files")
+    model_commands = models.add_subparsers(dest="models_command", required=True)
+    prepare = model_commands.add_parser("prepare", help="convert the embedded default model")
+    prepare.add_argument("--cache", help="folder for converted models")
+    for name, what in (("tiny", "a tiny random Llama"), ("tiny-llava", "a tiny random LLaVA")):
+        build = model_commands.add_parser(name, help=f"build {what} for tests, once")
+        build.add_argument("path", help="the model folder to write")
+        build.add_argument("--seed", type=int, default=0, help="fixes the random weights")
+    for sub in (generate, stats):
+        sub.add_argument("--target", default=DEFAULT_TARGET)
+        sub.add_argument("--timeout", type=float, default=120.0)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        return _serve(argv[1:])
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "generate":
+            args.image_bytes = [Path(path).read_bytes() for path in args.image]
+            return asyncio.run(_generate(args))
+        if args.command == "stats":
+            return asyncio.run(_stats(args))
+        return _models(args)
+    except grpc.aio.AioRpcError as error:
+        sys.stderr.write(f"mmgate: {error.code().name}: {error.details()}\n")
+        return 1

@@ -1,0 +1,11 @@
+"""Everything that touches vLLM or torch: the engine worker, its stats, the vision encoder.
+
+protocol.py       Engine: what the pipeline needs of an engine (tests pass a fake)
+worker.py         EngineWorker: one vLLM AsyncLLM, start, generate, abort, stats, close
+outputs.py        vLLM's RequestOutput read once, into EngineDelta
+stats.py          a vLLM stat logger into EngineStats and EngineTokenStats
+encoder.py        VisionEncoder: a LLaVA model's tower and projector, run by mmgate
+tensors.py        tensor weights, images in the engine's form
+vision_compat.py  torchvision importable beside a CPU torch (a .pth hook imports it at every
+                  interpreter start: this package's __init__ therefore imports nothing)
+"""

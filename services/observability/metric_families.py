@@ -1,0 +1,335 @@
+"""What a scrape exports from the service's state: a ``Snapshot`` in, Prometheus families out.
+
+Names follow DESIGN.md: the prefix ``mmgate_``, base units, ``_total`` on counters only. The one
+exception is ``vllm_cache_hit_rate``, which existing dashboards scrape: the page level's ratio.
+docs/observability.md lists every series.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from importlib import metadata
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+
+from cache_actor import CacheStats, Outcome
+
+from ..types import TIME_TO_FIRST_TOKEN_BUCKETS, EngineStats, EngineTokenStats, MediaStats
+
+# the cache stages that hold images: the media level
+MEDIA_STAGES = frozenset({"image", "embedding"})
+
+LookupKey = tuple[str, str, str]  # stage, outcome, tier
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything a scrape reads from the service, taken at once on the event loop."""
+
+    cache: CacheStats
+    mailbox_capacity: int
+    lookups: Mapping[LookupKey, int]
+    engine: EngineStats
+    tokens: EngineTokenStats
+    engine_ready: bool
+    model: str
+    media: MediaStats
+    media_mode: str
+    active_requests: int
+    max_concurrent_requests: int
+
+
+def media_outcome(outcome: str, tier: str) -> str:
+    """A media-level outcome: a value found in any tier of mmgate's cache is a hit there."""
+    if outcome == Outcome.MISS.value and tier != "none":
+        return Outcome.HIT.value
+    return outcome
+
+
+def media_lookups(lookups: Mapping[LookupKey, int]) -> dict[tuple[str, str], int]:
+    """Lookups of the media stages by (tier, media outcome)."""
+    media: dict[tuple[str, str], int] = {}
+    for (stage, outcome, tier), count in lookups.items():
+        if stage in MEDIA_STAGES:
+            key = (tier, media_outcome(outcome, tier))
+            media[key] = media.get(key, 0) + count
+    return media
+
+
+def ratio(hits: float, total: float) -> float:
+    return hits / total if total else 0.0
+
+
+# (name, CacheStats field, help): one unlabelled series each
+_ACTOR_GAUGES = (
+    ("mmgate_actor_entries", "entries", "Entries held in memory."),
+    ("mmgate_actor_bytes", "bytes", "Bytes held in memory."),
+    ("mmgate_actor_flights", "flights", "Computations (or tier reads) in progress."),
+    ("mmgate_actor_waiters", "waiters", "Lookups waiting on a flight."),
+    ("mmgate_actor_mailbox_depth", "mailbox_depth", "Requests queued in the actor's mailbox."),
+    ("mmgate_actor_loop_lag_seconds", "loop_lag_seconds", "How late the actor's last tick ran."),
+    (
+        "mmgate_actor_oldest_flight_seconds",
+        "oldest_flight_seconds",
+        "Age of the oldest flight in progress (0: none).",
+    ),
+    ("mmgate_actor_alive", "alive", "1 while the actor answers its mailbox."),
+    (
+        "mmgate_actor_tier_breaker_open",
+        "tier_breaker_open",
+        "1 while the second tier is skipped after repeated errors.",
+    ),
+)
+_ACTOR_COUNTERS = (
+    ("mmgate_actor_evictions_total", "evictions", "Entries evicted to fit the byte budget."),
+    ("mmgate_actor_evicted_bytes_total", "evicted_bytes", "Bytes evicted."),
+    ("mmgate_actor_expirations_total", "expirations", "Entries dropped past their TTL."),
+    (
+        "mmgate_actor_oversize_rejections_total",
+        "oversize_rejections",
+        "Values not stored: larger than the budget.",
+    ),
+    (
+        "mmgate_actor_recursion_rejections_total",
+        "recursion_rejections",
+        "Lookups refused at once: they would have waited on their own computation.",
+    ),
+    (
+        "mmgate_actor_compute_timeouts_total",
+        "compute_timeouts",
+        "Computations cancelled at the compute deadline.",
+    ),
+    (
+        "mmgate_actor_caller_timeouts_total",
+        "caller_timeouts",
+        "Lookups whose caller stopped waiting at its deadline.",
+    ),
+    (
+        "mmgate_actor_cancelled_waiters_total",
+        "cancelled_waiters",
+        "Lookups cancelled by their caller while waiting.",
+    ),
+    (
+        "mmgate_actor_overloaded_total",
+        "overloaded",
+        "Lookups refused: the mailbox or the flight table was full.",
+    ),
+    (
+        "mmgate_actor_stalled_flights_total",
+        "stalled_flights",
+        "Computations that ran past the stall threshold (logged with their stack).",
+    ),
+    (
+        "mmgate_actor_tier_hits_total",
+        "tier_hits",
+        "Flights served by the second tier instead of a computation.",
+    ),
+    (
+        "mmgate_actor_load_seconds_total",
+        "load_seconds",
+        "Time spent loading values (computations and tier reads).",
+    ),
+)
+# (name, MediaStats field, help)
+_MEDIA_COUNTERS = (
+    ("mmgate_media_decodes_total", "decodes", "Images decoded by mmgate."),
+    ("mmgate_media_decode_seconds_total", "decode_seconds", "Time spent decoding images."),
+    (
+        "mmgate_media_encodes_total",
+        "encodes",
+        "Images run through the vision encoder by mmgate (embeddings mode).",
+    ),
+    ("mmgate_media_encode_seconds_total", "encode_seconds", "Time spent in the vision encoder."),
+    (
+        "mmgate_media_rejected_total",
+        "rejected",
+        "Images refused: corrupt, unsupported, too large or too small.",
+    ),
+    (
+        "mmgate_media_not_held_total",
+        "not_held",
+        "References to an image the cache no longer held (the client resends its bytes).",
+    ),
+)
+
+
+def families(s: Snapshot) -> Iterator[Metric]:
+    yield from _cache_levels(s)
+    yield from _actor(s)
+    yield from _engine(s)
+    for name, field, documentation in _MEDIA_COUNTERS:
+        yield CounterMetricFamily(name, documentation, value=getattr(s.media, field))
+    yield from _service(s)
+
+
+def _cache_levels(s: Snapshot) -> Iterator[Metric]:
+    e = s.engine
+    for name, value, documentation in (
+        (
+            "mmgate_cache_page_queried_tokens_total",
+            e.prefix_cache_queries,
+            "page level: prompt tokens looked up in the engine's KV cache (vLLM prefix cache).",
+        ),
+        (
+            "mmgate_cache_page_hit_tokens_total",
+            e.prefix_cache_hits,
+            "page level: prompt tokens found resident in the engine's KV cache.",
+        ),
+        (
+            "mmgate_cache_prefix_requests_total",
+            e.requests,
+            "prefix level: requests the engine finished.",
+        ),
+        (
+            "mmgate_cache_prefix_hit_requests_total",
+            e.requests_with_cached_prefix,
+            "prefix level: finished requests that reused a cached prefix (num_cached_tokens > 0).",
+        ),
+    ):
+        yield CounterMetricFamily(name, documentation, value=value)
+    # the plain hit and miss series exist from the start, so rate() over them has no gap
+    media = {("memory", "hit"): 0, ("none", "miss"): 0, **media_lookups(s.lookups)}
+    lookups = CounterMetricFamily(
+        "mmgate_cache_media_lookups_total",
+        "media level: image and encoder-output lookups in mmgate's cache, by tier (none: "
+        "computed) and outcome (a value found in any tier is a hit).",
+        labels=["tier", "outcome"],
+    )
+    for (tier, outcome), count in sorted(media.items()):
+        lookups.add_metric([tier, outcome], count)
+    yield lookups
+    served = sum(n for (_, outcome), n in media.items() if outcome in ("hit", "coalesced"))
+    page = ratio(e.prefix_cache_hits, e.prefix_cache_queries)
+    ratios = GaugeMetricFamily(
+        "mmgate_cache_hit_ratio",
+        "Hit ratio per cache level since start: page = hit / queried tokens, prefix = hit / "
+        "finished requests, media = (hits + coalesced) / media lookups.",
+        labels=["level"],
+    )
+    ratios.add_metric(["page"], page)
+    ratios.add_metric(["prefix"], ratio(e.requests_with_cached_prefix, e.requests))
+    ratios.add_metric(["media"], ratio(served, sum(media.values())))
+    yield ratios
+    yield GaugeMetricFamily(
+        "vllm_cache_hit_rate",
+        "The engine's KV-cache hit ratio since start: tokens found resident / tokens queried "
+        '(the same as mmgate_cache_hit_ratio{level="page"}).',
+        value=page,
+    )
+
+
+def _actor(s: Snapshot) -> Iterator[Metric]:
+    lookups = CounterMetricFamily(
+        "mmgate_actor_lookups_total",
+        "Cache actor lookups by stage, outcome (hit, miss, coalesced, rejected, timeout, "
+        "cancelled, error) and tier (memory, a second tier's name, none: computed or failed).",
+        labels=["stage", "outcome", "tier"],
+    )
+    for (stage, outcome, tier), count in sorted(s.lookups.items()):
+        lookups.add_metric([stage, outcome, tier], count)
+    yield lookups
+    c = s.cache
+    for name, field, documentation in _ACTOR_GAUGES:
+        yield GaugeMetricFamily(name, documentation, value=float(getattr(c, field)))
+    yield GaugeMetricFamily(
+        "mmgate_actor_mailbox_capacity",
+        "Requests the mailbox holds before lookups are refused.",
+        value=s.mailbox_capacity,
+    )
+    for name, field, documentation in _ACTOR_COUNTERS:
+        yield CounterMetricFamily(name, documentation, value=getattr(c, field))
+    loads = CounterMetricFamily(
+        "mmgate_actor_loads_total",
+        "Flights finished, by result (success or failure).",
+        labels=["result"],
+    )
+    loads.add_metric(["success"], c.load_successes)
+    loads.add_metric(["failure"], c.load_failures)
+    yield loads
+    tier_errors = CounterMetricFamily(
+        "mmgate_actor_tier_errors_total",
+        "Second-tier (Redis) errors by operation; the lookup went on without the tier.",
+        labels=["op"],
+    )
+    tier_errors.add_metric(["read"], c.tier_errors)
+    tier_errors.add_metric(["write"], c.tier_write_errors)
+    yield tier_errors
+
+
+def _engine(s: Snapshot) -> Iterator[Metric]:
+    e, t = s.engine, s.tokens
+    for name, value, documentation in (
+        ("mmgate_engine_ready", float(s.engine_ready), "1 while the engine serves requests."),
+        ("mmgate_engine_running_requests", e.running, "Requests the engine is running."),
+        ("mmgate_engine_waiting_requests", e.waiting, "Requests queued in the engine."),
+        (
+            "mmgate_engine_kv_cache_usage_ratio",
+            e.kv_cache_usage,
+            "Share of the KV cache in use (0 to 1).",
+        ),
+        (
+            "mmgate_engine_generation_tokens_per_second",
+            t.generation_tokens_per_second,
+            "Tokens generated per second over the last few seconds.",
+        ),
+    ):
+        yield GaugeMetricFamily(name, documentation, value=value)
+    for name, value, documentation in (
+        (
+            "mmgate_engine_prompt_tokens_total",
+            t.prompt_tokens,
+            "Prompt tokens the engine took in (cached ones included).",
+        ),
+        ("mmgate_engine_generation_tokens_total", t.generation_tokens, "Tokens generated."),
+        (
+            "mmgate_engine_aborted_requests_total",
+            e.aborted,
+            "Engine requests ended early: cancelled, deadline passed, or shut down.",
+        ),
+    ):
+        yield CounterMetricFamily(name, documentation, value=value)
+    ttft = HistogramMetricFamily(
+        "mmgate_engine_time_to_first_token_seconds",
+        "From a request's arrival in the engine to its first generated token.",
+    )
+    bounds = (*(str(b) for b in TIME_TO_FIRST_TOKEN_BUCKETS), "+Inf")
+    buckets: list[tuple[str, float]] = []
+    cumulative = 0
+    for bound, count in zip(bounds, t.time_to_first_token_counts, strict=True):
+        cumulative += count
+        buckets.append((bound, cumulative))
+    ttft.add_metric([], buckets, sum_value=t.time_to_first_token_sum)
+    yield ttft
+
+
+def _service(s: Snapshot) -> Iterator[Metric]:
+    yield GaugeMetricFamily(
+        "mmgate_inference_active_requests",
+        "Inference requests in progress (cache stages and engine).",
+        value=s.active_requests,
+    )
+    yield GaugeMetricFamily(
+        "mmgate_inference_max_concurrent_requests",
+        "Requests in progress beyond which new ones get RESOURCE_EXHAUSTED.",
+        value=s.max_concurrent_requests,
+    )
+    info = InfoMetricFamily("mmgate", "The model served, the media mode and mmgate's version.")
+    info.add_metric([], {"model": s.model, "media_mode": s.media_mode, "version": _VERSION})
+    yield info
+
+
+def _version() -> str:
+    try:
+        return metadata.version("mmgate")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+_VERSION = _version()

@@ -1,0 +1,214 @@
+"""Prometheus metrics: mmgate's own series on their own HTTP port, at /metrics.
+
+    gRPC call ──▶ the API's MetricsInterceptor ─▶ grpc requests, durations, in flight ─┐
+    cache.get ──▶ LookupMetrics (a LookupHook) ──▶ lookups by stage, outcome, tier ─┤ event loop
+    vLLM step ──▶ EngineWorker's stat logger ──▶ EngineStats, EngineTokenStats      │
+    actor ──▶ CacheStats, media pipeline ──▶ MediaStats                             │
+                                                                                    ▼
+    scrape (prometheus_client's HTTP thread) ── snapshot(), taken on the event loop ──▶ text
+
+What the actor, the engine and the media stage count already is read from their snapshots at
+scrape time (no second bookkeeping), through the snapshot function the server hands to
+``Metrics.start`` (the composition root wires; this module reaches into nothing). The snapshot
+is taken on the event loop, the only thread
+that touches their state; a loop too busy to answer within ``SNAPSHOT_TIMEOUT_SECONDS`` gets a
+scrape without those series, counted in ``mmgate_metrics_stale_scrapes_total``.
+
+The three cache levels, as operators read them (DESIGN.md): ``page`` (KV-cache tokens found
+resident in the engine), ``prefix`` (requests that reused a cached prefix), ``media`` (images
+served by mmgate's cache), each with counters and a ratio in ``mmgate_cache_hit_ratio{level}``.
+``vllm_cache_hit_rate``, which existing dashboards scrape, is the page level's ratio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, final
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, Metric
+
+from cache_actor import LookupEvent, LookupHook
+
+from ..config import Settings
+from .lookups import current_stage, lookup_outcome
+from .metric_families import LookupKey, Snapshot, families
+
+log = logging.getLogger("mmgate.metrics")
+
+SNAPSHOT_TIMEOUT_SECONDS = 5.0
+# a cache lookup takes microseconds when it hits, up to seconds when it computes
+LOOKUP_BUCKETS = (
+    1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25,
+    0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+# a gRPC call: a cache or health answer in a millisecond, a generation in seconds to minutes
+GRPC_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0,
+)  # fmt: skip
+
+
+@final
+class LookupMetrics:
+    """The LookupHook behind ``mmgate_actor_lookups_total`` and the lookup duration histogram.
+
+    Both methods run in the caller's task on the event loop: the counts are plain ints, read by
+    the scrape's snapshot on the same loop.
+    """
+
+    __slots__ = ("_durations", "counts", "duration")
+
+    def __init__(self, duration: Histogram) -> None:
+        self.counts: dict[LookupKey, int] = {}
+        self.duration = duration
+        self._durations: dict[str, Any] = {}  # a histogram child per stage, found once
+
+    def lookup_started(self, tenant: str, key: str) -> object:
+        # the stage is the caller's context variable: only here, in the caller's task, is it set
+        return current_stage()
+
+    def lookup_finished(self, token: object, event: LookupEvent) -> None:
+        stage = token if isinstance(token, str) else "other"
+        key = (stage, lookup_outcome(event), event.tier or "none")
+        self.counts[key] = self.counts.get(key, 0) + 1
+        child = self._durations.get(stage)
+        if child is None:
+            child = self._durations[stage] = self.duration.labels(stage)
+        child.observe(event.wait_seconds)
+
+
+@final
+class Metrics:
+    """mmgate's metrics registry, its gRPC interceptor, its lookup hook and its HTTP server."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.enabled = settings.metrics.enabled
+        self.port = 0
+        # one registry per server: several run in one test process
+        self.registry = CollectorRegistry()
+        # the gRPC calls' families, counted by the API's interceptor
+        self.grpc_requests = Counter(
+            "mmgate_grpc_requests_total",
+            "gRPC calls finished, by method and status code.",
+            ["method", "code"],
+            registry=self.registry,
+        )
+        self.grpc_duration = Histogram(
+            "mmgate_grpc_request_duration_seconds",
+            "Duration of gRPC calls (a stream: until its last message), by method.",
+            ["method"],
+            buckets=GRPC_BUCKETS,
+            registry=self.registry,
+        )
+        self.grpc_in_flight = Gauge(
+            "mmgate_grpc_streams_in_flight",
+            "gRPC calls in progress, by method.",
+            ["method"],
+            registry=self.registry,
+        )
+        self._lookups = LookupMetrics(
+            Histogram(
+                "mmgate_actor_lookup_duration_seconds",
+                "Cache lookups from call to answer, by stage.",
+                ["stage"],
+                buckets=LOOKUP_BUCKETS,
+                registry=self.registry,
+            )
+        )
+        self.lookup_hook: LookupHook | None = self._lookups if self.enabled else None
+        self.registry.register(_ServiceCollector(self))
+        self._take: Callable[[], Snapshot] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self._http: tuple[WSGIServer, threading.Thread] | None = None
+        # counted by the scraping threads (several scrapes may run at once)
+        self.stale_scrapes = 0
+        self._stale_lock = threading.Lock()
+
+    def start(self, snapshot: Callable[[], Snapshot]) -> None:
+        """Serve /metrics on settings.metrics.host:port (sets self.port); on the event loop.
+
+        ``snapshot`` reads the service's state; it is called on this loop at each scrape.
+        """
+        if self._http is not None:
+            return
+        self._take = snapshot
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        settings = self.settings.metrics
+        httpd, thread = start_http_server(settings.port, settings.host, registry=self.registry)
+        self._http = (httpd, thread)
+        self.port = httpd.server_address[1]
+        log.info("metrics on http://%s:%d/metrics", settings.host, self.port)
+
+    def stop(self) -> None:
+        if self._http is None:
+            return
+        httpd, thread = self._http
+        self._http = None
+        # returns within serve_forever's poll interval (0.5 s)
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=5)
+
+    # ── scrapes ─────────────────────────────────────────────────────────────────────────────
+
+    def snapshot(self) -> Snapshot | None:
+        """The service's state now, taken on the event loop; None when it could not be."""
+        take, loop = self._take, self._loop
+        if take is None:
+            return None
+        if loop is None or threading.get_ident() == self._loop_thread:
+            return take()
+        answer: concurrent.futures.Future[Snapshot] = concurrent.futures.Future()
+
+        def run() -> None:
+            if answer.set_running_or_notify_cancel():
+                try:
+                    answer.set_result(take())
+                except Exception as exc:  # noqa: BLE001 - handed to the scraping thread
+                    answer.set_exception(exc)
+
+        try:
+            loop.call_soon_threadsafe(run)
+            return answer.result(timeout=SNAPSHOT_TIMEOUT_SECONDS)
+        except RuntimeError:  # the loop is closed: the server has stopped
+            return None
+        except concurrent.futures.TimeoutError:
+            answer.cancel()
+            with self._stale_lock:
+                self.stale_scrapes += 1
+            log.warning(
+                "metrics scrape: the event loop did not answer in %g s", SNAPSHOT_TIMEOUT_SECONDS
+            )
+            return None
+
+    def lookups(self) -> dict[LookupKey, int]:
+        """Lookups counted so far, by (stage, outcome, tier): a copy, on the event loop."""
+        return dict(self._lookups.counts)
+
+
+@final
+class _ServiceCollector:
+    """Turns a Snapshot into metric families at each scrape."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        stale = CounterMetricFamily(
+            "mmgate_metrics_stale_scrapes_total",
+            "Scrapes without the service's series: the event loop did not answer in time.",
+        )
+        snapshot = self.metrics.snapshot()
+        stale.add_metric([], self.metrics.stale_scrapes)
+        yield stale
+        if snapshot is not None:
+            yield from families(snapshot)

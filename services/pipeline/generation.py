@@ -1,0 +1,112 @@
+"""One request through the pipeline, top-down: prompt, token budget, images, engine or shared run.
+
+    Request ─▶ prompt stage (actor flight: render + tokenize, keyed by content)      prompts.py
+            ─▶ token budget (image placeholders expanded as the media stage says)   budget.py
+            ─▶ media stage (decode, encoder output; actor flights)                   media/
+            ─▶ response stage (actor flight, only for the "response" policy and a   responses.py
+               deterministic request: one engine run shared by identical requests)
+               or straight to the engine                                            engine/
+            ─▶ EngineDelta ... EngineDelta, Finished (usage, cache reports)
+
+No gRPC here: the API edge turns GenerateRequest into a Request and these events into messages.
+Every wait is bounded by the request's deadline; leaving the stream early (cancellation,
+deadline) closes every generator down to the engine's, which aborts the engine request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator
+from typing import final
+
+from cache_actor import CacheActor
+
+from ..config import Settings
+from ..engine.protocol import Engine
+from ..errors import EngineUnavailable
+from ..types import EngineDelta, EngineImages, EngineRequest, Finished, ImageReport
+from .budget import fit
+from .media import MediaStage, NotReady
+from .prompts import PromptStage
+from .request import Request
+from .responses import SharedResponses
+
+
+@final
+class Pipeline:
+    """The request path below the API: what the servicers call."""
+
+    def __init__(self, settings: Settings, engine: Engine, cache: CacheActor) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.cache = cache
+        # replaced once the engine has started and the server knows what the model takes
+        self.media: MediaStage = NotReady()
+        self.prompts = PromptStage(cache)
+        self.responses = SharedResponses(engine, cache, settings.default_deadline_seconds)
+
+    def use_media(self, media: MediaStage) -> None:
+        self.media = media
+
+    def check_ready(self, *, with_images: bool) -> None:
+        """Refuse at once what cannot be served now, before any validation or cache work."""
+        if not self.engine.ready:
+            raise EngineUnavailable("the engine is not ready")
+        if with_images:
+            self.media.refuse()  # a text model's stage says why: ModelTakesNoImages
+
+    async def generate(self, request: Request) -> AsyncGenerator[EngineDelta | Finished, None]:
+        """The request's token deltas (each with text or tokens), then one Finished."""
+        checked, engine, media = request.checked, self.engine, self.media
+        prompt = await self.prompts.prompt(request, engine.model_name, engine.tokenizer)
+        expanded = len(prompt.token_ids) + len(checked.images) * (media.placeholder_tokens - 1)
+        sampling = fit(checked, expanded, engine.max_model_len, self.settings.default_max_tokens)
+        images: EngineImages | None = None
+        image_reports: tuple[ImageReport, ...] = ()
+        if checked.images:
+            prepared = await media.prepare(checked.images, request.tenant, request.left())
+            images, image_reports = prepared.engine, prepared.reports
+
+        from_cache = False
+        if checked.cache_policy == "response" and sampling.deterministic:
+            stream, from_cache = await self.responses.share(request, prompt, sampling, images)
+        else:
+            stream = engine.generate(
+                EngineRequest(
+                    request_id=checked.request_id,
+                    prompt_token_ids=prompt.token_ids,
+                    sampling=sampling,
+                    images=images,
+                    trace_headers=request.trace_headers or None,
+                )
+            )
+
+        completion_tokens = 0
+        prompt_tokens = 0
+        last = EngineDelta("", ())
+        async with contextlib.aclosing(stream) as deltas:
+            async for delta in deltas:
+                completion_tokens += len(delta.token_ids)
+                prompt_tokens = delta.prompt_tokens or prompt_tokens
+                last = delta
+                if delta.text or delta.token_ids:
+                    yield delta
+        cached_prompt_tokens = 0 if from_cache else last.num_cached_tokens
+        yield Finished(
+            request_id=checked.request_id,
+            model=engine.model_name,
+            finish_reason=last.finish_reason,
+            prompt_tokens=prompt_tokens or len(prompt.token_ids),
+            completion_tokens=completion_tokens,
+            cached_prompt_tokens=cached_prompt_tokens,
+            response_from_cache=from_cache,
+            lookups=tuple(request.lookups),
+            images=image_reports,
+        )
+
+    async def close(self) -> None:
+        """Cancel shared-response producers still running (shutdown)."""
+        await self.responses.close()
+
+
+__all__ = ["Pipeline"]

@@ -1,0 +1,360 @@
+"""The media stage: a request's images become what the engine takes, each step a cache flight.
+
+    ImageInput (bytes | digest) ── digest (SHA-256 of the bytes) ──┐
+                                                                   ▼
+    "image" flight      sniff, check bytes and pixels before decoding, decode, RGB   (thread)
+                        DecodedImage, cached; a digest with no bytes can only hit: NOT_FOUND
+                                                                   │
+    "embedding" flight  (EmbeddingsStage) the model's processor, vision tower and    (thread)
+                        projector, run by mmgate: Embedding, cached
+                                                                   ▼
+    EngineImages(form, items, uuids = digests) ──▶ engine: multi_modal_data + multi_modal_uuids
+
+One variant per media mode, chosen once when the engine has started (:func:`media_stage`):
+
+    NotReady          the engine has not started: every request is refused as UNAVAILABLE
+    NoImages          a text model: images are refused (FAILED_PRECONDITION)
+    PixelsStage       decoded images cached; the engine encodes them
+    EmbeddingsStage   encoder outputs cached too; the engine takes them as they are
+
+Each flight is keyed by model + stage settings + digest, for the caller's tenant: two requests with
+the same image decode and encode it once, together or an hour apart. A flight started by a
+reference (no bytes) fails with ImageNotHeld and is not stored; a request that has the bytes and
+joined such a flight tries once more with its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Final, final
+
+from PIL import Image
+
+from cache_actor import CacheActor, Lookup
+
+from ...config import MediaSettings
+from ...engine.tensors import tensor_nbytes
+from ...errors import (
+    EngineUnavailable,
+    ImageNotHeld,
+    ImageRejected,
+    InvalidRequest,
+    ModelTakesNoImages,
+    Violation,
+)
+from ...keys import cache_key
+from ...observability.lookups import stage
+from ...observability.spans import span
+from ...types import EngineImages, ImageInput, ImageReport, MediaForm, MediaStats
+from ...wire import digest_of
+from ..request import seconds_left
+from .codec import DecodedImage, decode
+
+if TYPE_CHECKING:
+    from ...engine.encoder import VisionEncoder
+
+log = logging.getLogger("mmgate.media")
+
+# hashing a large image on the loop would stall it: beyond this, hash in a thread
+_HASH_IN_THREAD_BYTES: Final = 256 * 1024
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Embedding:
+    """The encoder's output for one image: a tensor of (image tokens, hidden size)."""
+
+    tensor: Any
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_nbytes(self.tensor)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class PreparedImages:
+    engine: EngineImages
+    reports: tuple[ImageReport, ...]
+
+
+class MediaStage:
+    """What the pipeline asks of images, whatever the media mode."""
+
+    mode: ClassVar[str]
+    description: ClassVar[str]
+    takes_images: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        self.stats = MediaStats()
+
+    @property
+    def placeholder_tokens(self) -> int:
+        """The positions one image placeholder takes in the engine's prompt."""
+        return 1
+
+    def refuse(self) -> None:
+        """Raise why images cannot be served here; nothing when they can."""
+
+    async def prepare(
+        self, images: Sequence[ImageInput], tenant: str, timeout: float
+    ) -> PreparedImages:
+        """All of a request's images, concurrently; the first failure (by index) is raised."""
+        self.refuse()
+        raise NotImplementedError
+
+    async def prefetch(self, image: ImageInput, tenant: str, timeout: float) -> ImageReport:
+        """One image through its stages, for requests that will refer to it by digest."""
+        self.refuse()
+        raise NotImplementedError
+
+    def stage_keys(self, digest: str) -> dict[str, str]:
+        """Every cache key an image may be held under, by stage."""
+        self.refuse()
+        return {}
+
+
+@final
+class NotReady(MediaStage):
+    mode = "unknown"
+    description = "the engine has not started"
+
+    def refuse(self) -> None:
+        raise EngineUnavailable("the engine is not ready")
+
+
+@final
+class NoImages(MediaStage):
+    mode = "none"
+    description = "the model takes no images"
+    takes_images = False
+
+    def __init__(self, model_name: str) -> None:
+        super().__init__()
+        self.model_name = model_name
+
+    def refuse(self) -> None:
+        raise ModelTakesNoImages(self.model_name)
+
+    def stage_keys(self, digest: str) -> dict[str, str]:
+        # nothing is ever held under it, but the answer stays "absent", not an error
+        return {"image": _image_key(self.model_name, digest)}
+
+
+class PixelsStage(MediaStage):
+    """Decoded images are cached; the engine runs the vision encoder on them."""
+
+    mode = "pixels"
+    description = "mmgate caches decoded images; the engine encodes them"
+    form: ClassVar[MediaForm] = "pixels"
+
+    def __init__(
+        self,
+        settings: MediaSettings,
+        cache: CacheActor,
+        model_name: str,
+        *,
+        placeholder_tokens: int,
+    ) -> None:
+        super().__init__()
+        self.settings = settings
+        self.cache = cache
+        self.model_name = model_name
+        self._placeholder_tokens = placeholder_tokens
+        # Pillow's bomb check: warn beyond this, refuse beyond twice this (process-wide)
+        Image.MAX_IMAGE_PIXELS = settings.max_image_pixels
+
+    @property
+    def placeholder_tokens(self) -> int:
+        return self._placeholder_tokens
+
+    def stage_keys(self, digest: str) -> dict[str, str]:
+        return {"image": _image_key(self.model_name, digest)}
+
+    async def prepare(
+        self, images: Sequence[ImageInput], tenant: str, timeout: float
+    ) -> PreparedImages:
+        tasks = [asyncio.ensure_future(self._image(image, tenant, timeout)) for image in images]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            # on a failure or cancellation the others stop waiting; their flights go on in the
+            # actor and land in the cache for the next request
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for task in tasks:
+            if not task.cancelled() and (error := task.exception()) is not None:
+                raise error
+        results = [task.result() for task in tasks]
+        return PreparedImages(
+            engine=EngineImages(
+                form=self.form,
+                items=tuple(item for item, _ in results),
+                uuids=tuple(report.digest for _, report in results),
+            ),
+            reports=tuple(report for _, report in results),
+        )
+
+    async def prefetch(self, image: ImageInput, tenant: str, timeout: float) -> ImageReport:
+        _, report = await self._image(image, tenant, timeout)
+        return report
+
+    async def _image(
+        self, image: ImageInput, tenant: str, timeout: float
+    ) -> tuple[Any, ImageReport]:
+        """One image through its stages: (what the engine takes, where it came from)."""
+        deadline = time.monotonic() + timeout
+        data = image.data
+        if data is None:
+            source = image
+        else:
+            digest = (
+                await asyncio.to_thread(digest_of, data)
+                if len(data) > _HASH_IN_THREAD_BYTES
+                else digest_of(data)
+            )
+            source = ImageInput(image.index, data, digest, image.mime_type)
+        try:
+            lookup = await self._lookup(source, tenant, deadline)
+        except ImageNotHeld:
+            if data is None:
+                self.stats.not_held += 1
+                raise
+            # a reference-only request started the flight this one joined: try with the bytes
+            lookup = await self._lookup(source, tenant, deadline)
+        report = ImageReport(
+            digest=source.digest,
+            outcome=lookup.outcome.value,
+            tier=lookup.tier or "",
+            form=self.form,
+        )
+        return self._engine_item(lookup.value), report
+
+    def _engine_item(self, value: Any) -> Any:
+        assert isinstance(value, DecodedImage)
+        return value.image
+
+    async def _lookup(self, source: ImageInput, tenant: str, deadline: float) -> Lookup[Any]:
+        return await self._decoded(source, tenant, deadline)
+
+    async def _decoded(
+        self, source: ImageInput, tenant: str, deadline: float
+    ) -> Lookup[DecodedImage]:
+        settings = self.settings
+
+        async def load() -> DecodedImage:
+            if source.data is None:
+                raise ImageNotHeld(source.digest, source.index)
+            started = time.perf_counter()
+            try:
+                with span("media.decode", {"mmgate.image.bytes": len(source.data)}):
+                    image = await asyncio.to_thread(
+                        decode,
+                        source.data,
+                        source.mime_type,
+                        max_pixels=settings.max_image_pixels,
+                        min_side=settings.min_image_side,
+                    )
+            except ImageRejected as exc:
+                self.stats.rejected += 1
+                raise InvalidRequest([Violation(f"images[{source.index}]", str(exc))]) from None
+            self.stats.decodes += 1
+            self.stats.decode_seconds += time.perf_counter() - started
+            return DecodedImage(image, source.digest)
+
+        with stage("image"):
+            return await self.cache.get(
+                _image_key(self.model_name, source.digest),
+                load,
+                tenant=tenant,
+                timeout=seconds_left(deadline),
+            )
+
+
+@final
+class EmbeddingsStage(PixelsStage):
+    """Encoder outputs are cached too: mmgate runs the vision encoder, the engine takes them."""
+
+    mode = "embeddings"
+    description = "mmgate runs the vision encoder and caches its output"
+    form: ClassVar[MediaForm] = "embeddings"
+
+    def __init__(
+        self,
+        settings: MediaSettings,
+        cache: CacheActor,
+        model_name: str,
+        encoder: VisionEncoder,
+    ) -> None:
+        super().__init__(settings, cache, model_name, placeholder_tokens=encoder.image_tokens)
+        self.encoder = encoder
+
+    def embedding_key(self, digest: str) -> str:
+        # the model's name stands for its tower, feature layer and projector; dtype is ours
+        settings = {"dtype": str(self.encoder.dtype), "tokens": self.encoder.image_tokens}
+        return cache_key(self.model_name, "embedding", {"digest": digest, **settings})
+
+    def stage_keys(self, digest: str) -> dict[str, str]:
+        return {**super().stage_keys(digest), "embedding": self.embedding_key(digest)}
+
+    def _engine_item(self, value: Any) -> Any:
+        assert isinstance(value, Embedding)
+        return value.tensor
+
+    async def _lookup(self, source: ImageInput, tenant: str, deadline: float) -> Lookup[Any]:
+        encoder = self.encoder
+
+        async def encode() -> Embedding:
+            decoded = (await self._decoded(source, tenant, deadline)).value
+            started = time.perf_counter()
+            with span("media.encode", {"mmgate.image.tokens": encoder.image_tokens}):
+                tensor = (await asyncio.to_thread(encoder.encode, [decoded.image]))[0]
+            self.stats.encodes += 1
+            self.stats.encode_seconds += time.perf_counter() - started
+            return Embedding(tensor)
+
+        with stage("embedding"):
+            return await self.cache.get(
+                self.embedding_key(source.digest),
+                encode,
+                tenant=tenant,
+                timeout=seconds_left(deadline),
+            )
+
+
+def media_stage(
+    settings: MediaSettings,
+    cache: CacheActor,
+    model_name: str,
+    *,
+    takes_images: bool,
+    encoder: VisionEncoder | None,
+    placeholder_tokens: int,
+) -> MediaStage:
+    """The variant for a started engine: chosen once, never tested for again."""
+    if not takes_images:
+        return NoImages(model_name)
+    if encoder is not None:
+        return EmbeddingsStage(settings, cache, model_name, encoder)
+    return PixelsStage(settings, cache, model_name, placeholder_tokens=placeholder_tokens)
+
+
+def _image_key(model_name: str, digest: str) -> str:
+    return cache_key(model_name, "image", {"digest": digest, "mode": "RGB"})
+
+
+__all__ = [
+    "Embedding",
+    "EmbeddingsStage",
+    "MediaStage",
+    "NoImages",
+    "NotReady",
+    "PixelsStage",
+    "PreparedImages",
+    "media_stage",
+]

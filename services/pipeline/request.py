@@ -1,0 +1,68 @@
+"""One request on its way through the pipeline: what every stage needs, carried in one object.
+
+api: validate ─▶ Request(checked, tenant, deadline, trace headers)
+     ─▶ prompt stage, media stage, shared responses: each appends its LookupReport
+     ─▶ Finished (the reports with it)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, final
+
+from cache_actor import Lookup
+
+from ..types import GenerationRequest, LookupReport
+
+
+def seconds_left(deadline: float) -> float:
+    """What is left of a ``time.monotonic()`` deadline, never negative."""
+    return max(0.0, deadline - time.monotonic())
+
+
+def loop_deadline(deadline: float) -> float:
+    """A ``time.monotonic()`` deadline on the running loop's clock (for asyncio.timeout_at)."""
+    return asyncio.get_running_loop().time() + seconds_left(deadline)
+
+
+@final
+@dataclass(slots=True)
+class Request:
+    """A validated request, whose tenant it is, until when it may run, and what it looked up."""
+
+    checked: GenerationRequest
+    tenant: str
+    # time.monotonic(): every wait inside the request is bounded by it
+    deadline: float
+    trace_headers: Mapping[str, str] = field(default_factory=dict)
+    lookups: list[LookupReport] = field(default_factory=list)
+
+    def left(self) -> float:
+        return seconds_left(self.deadline)
+
+    def report(
+        self,
+        stage: str,
+        key: str,
+        lookup: Lookup[Any] | None,
+        started: float,
+        outcome: str | None = None,
+    ) -> None:
+        """One cache stage's outcome (``lookup`` None: the stage was bypassed)."""
+        if outcome is None:
+            outcome = "bypass" if lookup is None else lookup.outcome.value
+        self.lookups.append(
+            LookupReport(
+                stage=stage,
+                key=key,
+                outcome=outcome,
+                tier=(lookup.tier or "") if lookup is not None else "",
+                wait_ms=(time.perf_counter() - started) * 1000,
+            )
+        )
+
+
+__all__ = ["Request", "loop_deadline", "seconds_left"]

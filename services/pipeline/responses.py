@@ -1,0 +1,168 @@
+"""Shared responses: one engine run streamed to every identical deterministic request.
+
+    first request ──▶ cache flight ──▶ ResponseRecording + producer task ◀── engine deltas
+    joiners, later hits ──────────────▶ recording.replay(): what is there, then what arrives
+
+The recording is what the cache stores: a request that joins while the answer is being generated
+streams it live, and one that comes later replays it whole. The producer belongs to no request
+(it outlives the one that started it, under its own deadline). A failed run is dropped from the
+cache so the next request generates afresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator
+from typing import final
+
+from cache_actor import CacheActor, Outcome
+
+from ..engine.protocol import Engine
+from ..errors import EngineUnavailable
+from ..keys import cache_key
+from ..observability.lookups import stage
+from ..types import EngineDelta, EngineImages, EngineRequest, RenderedPrompt, Sampling
+from .request import Request
+
+log = logging.getLogger("mmgate.responses")
+
+# Bytes a streamed token costs in a recording (id, text, bookkeeping): the weight admitted up front.
+BYTES_PER_TOKEN = 64
+
+
+@final
+class ResponseRecording:
+    def __init__(self, max_tokens: int) -> None:
+        self.deltas: list[EngineDelta] = []
+        self.error: BaseException | None = None
+        self.done = False
+        # admitted to the cache before it is complete: weigh what it may grow to
+        self.nbytes = BYTES_PER_TOKEN * max_tokens
+        self._changed = asyncio.Event()
+
+    def append(self, delta: EngineDelta) -> None:
+        self.deltas.append(delta)
+        self._notify()
+
+    def finish(self, error: BaseException | None = None) -> None:
+        self.error = error
+        self.done = True
+        self._notify()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def replay(self) -> AsyncGenerator[EngineDelta, None]:
+        """Every delta from the first; waits for new ones until the run ends."""
+        index = 0
+        while True:
+            while index < len(self.deltas):
+                yield self.deltas[index]
+                index += 1
+            if self.done:
+                if self.error is not None:
+                    raise self.error
+                return
+            # bounded by the caller's deadline and by the producer's own (it always finishes)
+            await self._changed.wait()
+
+
+@final
+class SharedResponses:
+    """The response stage: identical deterministic requests share one engine run."""
+
+    def __init__(self, engine: Engine, cache: CacheActor, run_deadline: float) -> None:
+        self.engine = engine
+        self.cache = cache
+        # a producer's own bound: it serves whoever joins, not one caller's deadline
+        self.run_deadline = run_deadline
+        self._producers: set[asyncio.Task[None]] = set()
+
+    async def share(
+        self,
+        request: Request,
+        prompt: RenderedPrompt,
+        sampling: Sampling,
+        images: EngineImages | None,
+    ) -> tuple[AsyncGenerator[EngineDelta, None], bool]:
+        """The run's deltas for this request, and whether they came from the cache."""
+        payload = {
+            "prompt": list(prompt.token_ids),
+            "sampling": dataclasses.asdict(sampling),
+            "images": list(images.uuids) if images is not None else [],
+        }
+        key = cache_key(self.engine.model_name, "response", payload)
+        run = EngineRequest(
+            request_id=f"shared-{uuid.uuid4().hex}",
+            prompt_token_ids=prompt.token_ids,
+            sampling=sampling,
+            images=images,
+            trace_headers=request.trace_headers or None,
+        )
+        tenant = request.tenant
+
+        async def start_recording() -> ResponseRecording:
+            recording = ResponseRecording(sampling.max_tokens)
+            producer = asyncio.create_task(
+                self._record(recording, key, tenant, run), name=f"mmgate-response-{key[:12]}"
+            )
+            self._producers.add(producer)
+            producer.add_done_callback(self._producers.discard)
+            return recording
+
+        started = time.perf_counter()
+        with stage("response"):
+            lookup = await self.cache.get(
+                key, start_recording, tenant=tenant, timeout=request.left()
+            )
+        recording = lookup.value
+        # a stored recording still being generated: this request joins that run
+        joined = lookup.outcome is Outcome.HIT and not recording.done
+        request.report(
+            "response", key, lookup, started, Outcome.COALESCED.value if joined else None
+        )
+        return recording.replay(), lookup.outcome is not Outcome.MISS
+
+    async def close(self) -> None:
+        """Cancel the producers still running (shutdown)."""
+        for task in self._producers:
+            task.cancel()
+        if self._producers:
+            await asyncio.wait(set(self._producers), timeout=5)
+
+    async def _record(
+        self, recording: ResponseRecording, key: str, tenant: str, run: EngineRequest
+    ) -> None:
+        """Run the engine once for every request sharing this response."""
+        error: BaseException | None = None
+        try:
+            async with (
+                asyncio.timeout(self.run_deadline),
+                contextlib.aclosing(self.engine.generate(run)) as deltas,
+            ):
+                async for delta in deltas:
+                    recording.append(delta)
+        except BaseException as exc:  # noqa: BLE001 - the listeners must learn of any end
+            error = exc
+        recording.finish(
+            error
+            if error is None or isinstance(error, Exception)
+            else EngineUnavailable("shared response was cancelled")
+        )
+        if error is not None:
+            # a failed run is not an answer: the next identical request generates afresh
+            try:
+                await self.cache.invalidate(key, tenant=tenant)
+            except Exception:
+                log.debug("could not drop failed response %s", key[:12], exc_info=True)
+            if not isinstance(error, Exception):
+                raise error
+
+
+__all__ = ["BYTES_PER_TOKEN", "ResponseRecording", "SharedResponses"]

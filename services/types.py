@@ -1,0 +1,258 @@
+"""The data one request carries through the layers, and the snapshots operators read.
+
+At the bottom of the import graph: this module imports nothing of mmgate, so the API edge, the
+pipeline, the engine and observability can all speak of the same things without importing each
+other. Everything here is a frozen dataclass except ``MediaStats``, which the media stage counts
+into (snapshots are copies).
+
+    api/validation ─▶ GenerationRequest (Sampling, ChatTurn, ImageInput)
+    pipeline       ─▶ RenderedPrompt, EngineImages, LookupReport, ImageReport ─▶ Finished
+                   ─▶ EngineRequest ─▶ engine
+    engine         ─▶ EngineDelta (EngineTimes) ─▶ pipeline, observability's EngineTrace
+    engine, media  ─▶ EngineStats, EngineTokenStats, MediaStats ─▶ metrics, GetStats
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, final
+
+CachePolicy = Literal["prompt", "response", "bypass"]
+MediaForm = Literal["embeddings", "pixels"]
+
+
+# ── a validated request ─────────────────────────────────────────────────────────────────────
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """Validated sampling settings; None leaves the engine's default."""
+
+    max_tokens: int
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+    ignore_eos: bool = False
+
+    @property
+    def deterministic(self) -> bool:
+        """Greedy, or seeded: the same prompt gives the same tokens."""
+        return self.temperature == 0.0 or self.seed is not None
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ChatTurn:
+    role: str
+    content: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ImageInput:
+    """One image of a request: its bytes, or (``data`` None) the digest of bytes sent earlier."""
+
+    index: int
+    data: bytes | None
+    digest: str = ""
+    mime_type: str = ""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """A request that passed validation; ``max_tokens_set`` False: "what the context allows"."""
+
+    prompt: str | None
+    chat: tuple[ChatTurn, ...] | None
+    sampling: Sampling
+    max_tokens_set: bool
+    request_id: str
+    cache_policy: CachePolicy
+    images: tuple[ImageInput, ...] = ()
+
+
+# ── what the pipeline makes of it ───────────────────────────────────────────────────────────
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RenderedPrompt:
+    text: str
+    token_ids: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        # what the cache actor weighs: a Python int in a tuple is ~36 bytes
+        return len(self.text) + 36 * len(self.token_ids)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class EngineImages:
+    """A request's images as the engine takes them, with their digests as vLLM's uuids."""
+
+    form: MediaForm
+    items: tuple[Any, ...]
+    uuids: tuple[str, ...]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """One run of the engine: a tokenized prompt, its sampling and images, under mmgate's id."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: Sampling
+    images: EngineImages | None = None
+    # W3C trace context for vLLM's own spans (traceparent, tracestate)
+    trace_headers: Mapping[str, str] | None = None
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ImageReport:
+    """Where one image came from: ``outcome`` hit | miss | coalesced, ``tier`` "" when computed."""
+
+    digest: str
+    outcome: str
+    tier: str
+    form: MediaForm
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class LookupReport:
+    """One cache stage of a request: ``outcome`` hit | miss | coalesced | bypass."""
+
+    stage: str
+    key: str
+    outcome: str
+    tier: str
+    wait_ms: float
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class EngineTimes:
+    """vLLM's own timestamps of a request (the engine core's monotonic clock, seconds)."""
+
+    queued: float
+    scheduled: float
+    first_token: float
+    last_token: float
+    preemptions: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class EngineDelta:
+    """New tokens of one request; ``finish_reason`` is set on the last one."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str | None = None
+    num_cached_tokens: int = 0
+    # the prompt as the engine ran it: each image placeholder expanded to the image's tokens
+    prompt_tokens: int = 0
+    times: EngineTimes | None = None
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The end of a request's stream: what GenerateFinal reports."""
+
+    request_id: str
+    model: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int
+    response_from_cache: bool
+    lookups: tuple[LookupReport, ...]
+    images: tuple[ImageReport, ...]
+
+
+# ── snapshots ───────────────────────────────────────────────────────────────────────────────
+
+# Upper bounds of the time-to-first-token buckets, in seconds (the histogram's `le`).
+TIME_TO_FIRST_TOKEN_BUCKETS = (
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0
+)  # fmt: skip
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    requests: int
+    requests_with_cached_prefix: int
+    aborted: int
+    running: int
+    waiting: int
+    kv_cache_usage: float
+
+    @property
+    def prefix_cache_hit_ratio(self) -> float:
+        queries = self.prefix_cache_queries
+        return self.prefix_cache_hits / queries if queries else 0.0
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class EngineTokenStats:
+    """Tokens the engine has processed since start, and how soon requests got their first."""
+
+    prompt_tokens: int
+    generation_tokens: int
+    # over the last few seconds (0 once the engine has been idle that long)
+    generation_tokens_per_second: float
+    # requests per bucket of TIME_TO_FIRST_TOKEN_BUCKETS, then beyond the last (not cumulative)
+    time_to_first_token_counts: tuple[int, ...]
+    time_to_first_token_sum: float
+
+
+@final
+@dataclass(slots=True)
+class MediaStats:
+    """What the media stage did itself: work the cache saved shows as work not done here."""
+
+    decodes: int = 0
+    decode_seconds: float = 0.0
+    encodes: int = 0
+    encode_seconds: float = 0.0
+    rejected: int = 0
+    not_held: int = 0
+
+
+__all__ = [
+    "TIME_TO_FIRST_TOKEN_BUCKETS",
+    "CachePolicy",
+    "ChatTurn",
+    "EngineDelta",
+    "EngineImages",
+    "EngineRequest",
+    "EngineStats",
+    "EngineTimes",
+    "EngineTokenStats",
+    "Finished",
+    "GenerationRequest",
+    "ImageInput",
+    "ImageReport",
+    "LookupReport",
+    "MediaForm",
+    "MediaStats",
+    "RenderedPrompt",
+    "Sampling",
+]

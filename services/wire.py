@@ -1,0 +1,64 @@
+"""mmgate's wire contract beyond the .proto files: headers, error reasons, image conventions.
+
+What a client and the server must agree on and protobuf does not say. The standard library only:
+the client (services/client.py) imports this and the generated proto modules, nothing else of
+mmgate, so an internal service that only calls mmgate loads none of the server's dependencies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Final
+
+# Metadata a caller sends: the tenant its cache entries belong to (a label, not a credential).
+TENANT_HEADER: Final = "x-mmgate-tenant"
+DEFAULT_TENANT: Final = "default"
+TRACE_HEADERS: Final = ("traceparent", "tracestate")
+
+# google.rpc.ErrorInfo: the domain of every reason mmgate sets, and the reasons.
+ERROR_DOMAIN: Final = "mmgate.v1"
+# a digest the server does not hold (any more): the client resends the image's bytes
+IMAGE_NOT_FOUND: Final = "IMAGE_NOT_FOUND"
+OVERLOADED: Final = "OVERLOADED"
+DRAINING: Final = "DRAINING"
+ENGINE_UNAVAILABLE: Final = "ENGINE_UNAVAILABLE"
+CACHE_UNAVAILABLE: Final = "CACHE_UNAVAILABLE"
+MODEL_TAKES_NO_IMAGES: Final = "MODEL_TAKES_NO_IMAGES"
+
+# In a prompt or a chat message, where the request's next image goes.
+IMAGE_PLACEHOLDER: Final = "<image>"
+# The image formats mmgate decodes (nothing else: each format is a parser an attacker could aim at).
+MIME_TYPES: Final = ("image/png", "image/jpeg", "image/webp")
+
+DIGEST_PREFIX: Final = "sha256:"
+_DIGEST: Final = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def digest_of(data: bytes) -> str:
+    """An image's digest, as the server reports it and accepts it in place of the bytes."""
+    return DIGEST_PREFIX + hashlib.sha256(data).hexdigest()
+
+
+def is_digest(text: str) -> bool:
+    """``sha256:`` and 64 lowercase hex digits."""
+    return _DIGEST.fullmatch(text) is not None
+
+
+__all__ = [
+    "CACHE_UNAVAILABLE",
+    "DEFAULT_TENANT",
+    "DIGEST_PREFIX",
+    "DRAINING",
+    "ENGINE_UNAVAILABLE",
+    "ERROR_DOMAIN",
+    "IMAGE_NOT_FOUND",
+    "IMAGE_PLACEHOLDER",
+    "MIME_TYPES",
+    "MODEL_TAKES_NO_IMAGES",
+    "OVERLOADED",
+    "TENANT_HEADER",
+    "TRACE_HEADERS",
+    "digest_of",
+    "is_digest",
+]

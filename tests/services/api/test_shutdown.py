@@ -1,0 +1,66 @@
+"""SIGTERM: health turns NOT_SERVING, new calls are refused, in-flight streams finish within the
+grace period, then everything closes and the process exits cleanly."""
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+
+from services.client import MmgateClient, build_request
+
+from ..conftest import start_server
+
+
+def children_of(pid: int) -> set[int]:
+    found: set[int] = set()
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(
+                line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line
+            )
+        except OSError:
+            continue
+        if fields.get("PPid", "").strip() == str(pid):
+            found.add(int(status.parent.name))
+    return found
+
+
+async def test_sigterm_drains_and_exits(tiny_model: str, tmp_path: Path) -> None:
+    server = start_server(tmp_path, tiny_model, MMGATE_SHUTDOWN_GRACE_SECONDS="60")
+    # the port opens before the engine is ready: NOT_SERVING first, then SERVING
+    assert server.startup_statuses[0] == _NOT_SERVING
+    assert server.startup_statuses[-1] == 1  # SERVING
+    assert children_of(server.process.pid)  # the engine core runs in a child process
+    async with MmgateClient(server.target, timeout=120) as client:
+        request = build_request("Drain me", max_tokens=300, ignore_eos=True, temperature=0.0)
+        stream = aiter(client.generate(request))
+        events = [await anext(stream)]  # in flight
+
+        server.process.send_signal(__import__("signal").SIGTERM)
+        watch = aiter(client.health_stub.Watch(_health_request(), timeout=30))
+        statuses = [(await anext(watch)).status]
+        while statuses[-1] != _NOT_SERVING:
+            statuses.append((await anext(watch)).status)
+
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await client.complete("Too late", max_tokens=1)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+
+        events += [event async for event in stream]  # the in-flight stream completes
+    final = events[-1].final
+    assert final.usage.completion_tokens == 300
+
+    exit_code = await asyncio.to_thread(server.process.wait, 90)
+    assert exit_code == 0, server.log()
+    assert "stopped" in server.log(200)
+    assert children_of(server.process.pid) == set()
+
+
+def _health_request() -> object:
+    from grpc_health.v1 import health_pb2
+
+    return health_pb2.HealthCheckRequest(service="")
+
+
+_NOT_SERVING = 2  # grpc.health.v1.HealthCheckResponse.NOT_SERVING

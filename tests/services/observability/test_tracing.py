@@ -1,0 +1,512 @@
+"""Traces end to end: a real mmgate server in this process on the tiny LLaVA model, real gRPC over
+loopback, spans read from the SDK's in-memory exporter and, once, from a real OTLP receiver the
+server exports to over gRPC.
+
+Each request carries a client traceparent with a fresh trace id: its spans are the ones of that
+trace, whatever other tests left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import secrets
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import pytest_asyncio
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from services.api.server import MmgateServer
+from services.client import MmgateClient, build_request
+from services.config import Settings
+from services.models import build_tiny_llava, engine_settings
+from services.observability.logs import JsonFormatter, TraceContextFilter
+from services.observability.tracing import Tracing
+from services.pipeline.media import decode
+from services.pipeline.media import stages as media_stages
+from services.proto.mmgate.v1 import inference_pb2 as pb
+from services.wire import digest_of
+
+from ..imagegen import png
+from ..otlp_receiver import OtlpReceiver
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+SERVICE = "mmgate-tracing-test"
+COMPLETE = "/mmgate.v1.Inference/Complete"
+GENERATE = "/mmgate.v1.Inference/Generate"
+
+
+class SpanWatch(SpanProcessor):
+    """Wakes the test when a span ends (in any thread)."""
+
+    def __init__(self, exporter: InMemorySpanExporter) -> None:
+        self.exporter = exporter
+        self.loop = asyncio.get_running_loop()
+        self.ended = asyncio.Event()
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.loop.call_soon_threadsafe(self.ended.set)
+
+    async def until(
+        self, found: Callable[[tuple[ReadableSpan, ...]], Any], timeout: float = 60.0
+    ) -> Any:
+        """What ``found`` returns for the spans ended so far, once it is truthy."""
+        async with asyncio.timeout(timeout):
+            while True:
+                self.ended.clear()
+                if result := found(self.exporter.get_finished_spans()):
+                    return result
+                await self.ended.wait()
+
+
+@dataclass(frozen=True)
+class Traced:
+    server: MmgateServer
+    exporter: InMemorySpanExporter
+    watch: SpanWatch
+    receiver: OtlpReceiver
+
+
+@pytest.fixture(scope="module")
+def llava_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_llava(tmp_path_factory.mktemp("models") / "tiny-llava")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def receiver() -> AsyncIterator[OtlpReceiver]:
+    running = OtlpReceiver()
+    await running.start()
+    try:
+        yield running
+    finally:
+        await running.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def traced(llava_model: Path, receiver: OtlpReceiver) -> AsyncIterator[Traced]:
+    settings = Settings(
+        port=0,
+        engine=engine_settings(llava_model),
+        metrics={"port": 0},
+        tracing={
+            "endpoint": f"127.0.0.1:{receiver.port}",
+            "protocol": "grpc",
+            "service_name": SERVICE,
+        },
+        max_concurrent_requests=16,
+    )
+    exporter = InMemorySpanExporter()
+    watch = SpanWatch(exporter)
+    # environ={}: this machine's OTEL_* variables have no say in the test
+    tracing = Tracing(settings, span_processors=[SimpleSpanProcessor(exporter), watch], environ={})
+    running = MmgateServer(settings, model=str(llava_model), tracing=tracing)
+    try:
+        await running.start()
+        yield Traced(running, exporter, watch, receiver)
+    finally:
+        await running.stop(grace=5)
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def client(traced: Traced) -> AsyncIterator[MmgateClient]:
+    async with MmgateClient(f"127.0.0.1:{traced.server.port}", timeout=60.0) as client:
+        yield client
+
+
+# ── helpers ──────────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class ClientSpan:
+    trace_id: str
+    span_id: str
+    sampled: bool = True
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        flags = "01" if self.sampled else "00"
+        return (("traceparent", f"00-{self.trace_id}-{self.span_id}-{flags}"),)
+
+
+def client_span(*, sampled: bool = True) -> ClientSpan:
+    return ClientSpan(secrets.token_hex(16), secrets.token_hex(8), sampled)
+
+
+@dataclass(frozen=True)
+class Node:
+    """A span as both the in-memory exporter and the OTLP receiver give it."""
+
+    name: str
+    span_id: str
+    parent_id: str
+    attributes: dict[str, Any]
+    links: tuple[str, ...] = ()
+
+
+def of_trace(spans: Iterable[ReadableSpan], trace_id: str) -> list[ReadableSpan]:
+    return [s for s in spans if s.context is not None and f"{s.context.trace_id:032x}" == trace_id]
+
+
+def node(span: ReadableSpan) -> Node:
+    assert span.context is not None
+    return Node(
+        name=span.name,
+        span_id=f"{span.context.span_id:016x}",
+        parent_id=f"{span.parent.span_id:016x}" if span.parent is not None else "",
+        attributes=dict(span.attributes or {}),
+        links=tuple(f"{link.context.span_id:016x}" for link in span.links),
+    )
+
+
+def one(spans: Sequence[ReadableSpan], name: str) -> ReadableSpan:
+    [found] = [s for s in spans if s.name == name]
+    return found
+
+
+def attrs(span: ReadableSpan) -> dict[str, Any]:
+    return dict(span.attributes or {})
+
+
+async def spans_of(
+    traced: Traced, trace_id: str, *names: str, count: int = 1
+) -> list[ReadableSpan]:
+    """The trace's spans once ``count`` spans of each of ``names`` have ended."""
+
+    def complete(spans: tuple[ReadableSpan, ...]) -> list[ReadableSpan] | None:
+        mine = of_trace(spans, trace_id)
+        have = [s.name for s in mine]
+        return mine if all(have.count(n) >= count for n in names) else None
+
+    found: list[ReadableSpan] = await traced.watch.until(complete)
+    return found
+
+
+def ask(*images: bytes, text: str | None = None, **sampling: Any) -> pb.GenerateRequest:
+    # a prompt of its own: the prompt stage misses and renders
+    text = text or f"What is in picture {secrets.token_hex(4)}?"
+    options = {"max_tokens": 8, "temperature": 0.0, **sampling}
+    return build_request(text, images=list(images), **options)
+
+
+ENGINE_PHASES = ("engine.queue", "engine.prefill", "engine.decode")
+IMAGE_TREE = (COMPLETE, "cache.lookup", "prompt.render", "media.decode", "media.encode")
+
+
+def assert_image_tree(nodes: list[Node], client: ClientSpan, model: str) -> dict[str, Node]:
+    """One image request's span tree; returns its spans by role."""
+    [server] = [n for n in nodes if n.name == COMPLETE]
+    assert server.parent_id == client.span_id  # the client's traceparent is honoured
+    lookups = {n.attributes["mmgate.cache.stage"]: n for n in nodes if n.name == "cache.lookup"}
+    assert set(lookups) == {"prompt", "image", "embedding"}
+    [render] = [n for n in nodes if n.name == "prompt.render"]
+    [decode] = [n for n in nodes if n.name == "media.decode"]
+    [encode] = [n for n in nodes if n.name == "media.encode"]
+    [engine] = [n for n in nodes if n.name == f"text_completion {model}"]
+    phases = {n.name: n for n in nodes if n.name in ENGINE_PHASES}
+    assert set(phases) == set(ENGINE_PHASES)
+    parents = {
+        "prompt lookup": (lookups["prompt"], server),
+        "embedding lookup": (lookups["embedding"], server),
+        # the image is looked up inside the embedding's computation
+        "image lookup": (lookups["image"], lookups["embedding"]),
+        "render": (render, lookups["prompt"]),
+        "decode": (decode, lookups["image"]),
+        "encode": (encode, lookups["embedding"]),
+        "engine": (engine, server),
+        **{name: (phase, engine) for name, phase in phases.items()},
+    }
+    for role, (child, parent) in parents.items():
+        assert child.parent_id == parent.span_id, role
+    for lookup in lookups.values():
+        assert lookup.attributes["mmgate.cache.outcome"] == "miss"
+        assert len(lookup.attributes["mmgate.cache.key"]) == 12
+        assert lookup.attributes["mmgate.cache.bytes"] > 0
+        assert lookup.attributes["mmgate.cache.wait_ms"] >= 0
+        assert "mmgate.cache.tier" not in lookup.attributes  # computed, not found in a tier
+    assert engine.attributes["gen_ai.request.model"] == model
+    assert engine.attributes["gen_ai.operation.name"] == "text_completion"
+    return {"server": server, "engine": engine, **{f"{k} lookup": v for k, v in lookups.items()}}
+
+
+# ── in memory ────────────────────────────────────────────────────────────────────────────────
+
+
+async def test_an_image_request_makes_one_span_tree(traced: Traced, client: MmgateClient) -> None:
+    caller = client_span()
+    request = ask(png(901), request_id="traced-901")
+    response = await client.inference.Complete(request, metadata=caller.metadata, timeout=60)
+    spans = await spans_of(traced, caller.trace_id, *IMAGE_TREE, *ENGINE_PHASES)
+    model = response.final.model
+    roles = assert_image_tree([node(s) for s in spans], caller, model)
+
+    server = one(spans, COMPLETE)
+    assert server.kind is SpanKind.SERVER
+    assert server.status.status_code is StatusCode.UNSET
+    assert attrs(server)["rpc.service"] == "mmgate.v1.Inference"
+    assert attrs(server)["rpc.method"] == "Complete"
+
+    # the cache report and the spans name the same keys
+    reported = {lookup.stage: lookup.key for lookup in response.final.cache.lookups}
+    assert roles["prompt lookup"].attributes["mmgate.cache.key"] == reported["prompt"][:12]
+
+    engine = roles["engine"].attributes
+    usage = response.final.usage
+    assert engine["gen_ai.response.id"] == "traced-901"
+    assert engine["gen_ai.usage.input_tokens"] == usage.prompt_tokens
+    assert engine["gen_ai.usage.output_tokens"] == usage.completion_tokens == 8
+    assert engine["gen_ai.usage.cache_read_input_tokens"] == usage.cached_prompt_tokens
+    assert engine["gen_ai.response.finish_reasons"] == ("length",)
+    assert engine["gen_ai.request.max_tokens"] == 8
+    assert engine["gen_ai.request.temperature"] == 0.0
+    assert engine["mmgate.engine.images"] == 1
+    # vLLM's own timestamps place the phases, one after another
+    by_name = {s.name: s for s in spans}
+    queue, prefill, decode = (by_name[n] for n in ENGINE_PHASES)
+    assert all(attrs(s)["mmgate.engine.clock"] == "vllm" for s in (queue, prefill, decode))
+    assert queue.end_time == prefill.start_time
+    assert prefill.end_time == decode.start_time
+    assert (decode.end_time or 0) <= (one(spans, f"text_completion {model}").end_time or 0)
+
+
+async def test_a_coalesced_lookup_links_to_the_leaders_span(
+    traced: Traced, client: MmgateClient
+) -> None:
+    data = png(902)
+    callers = [client_span(), client_span()]
+    await asyncio.gather(
+        *(
+            client.inference.Complete(ask(data), metadata=caller.metadata, timeout=60)
+            for caller in callers
+        )
+    )
+    lookups = []
+    for caller in callers:
+        spans = await spans_of(traced, caller.trace_id, COMPLETE)
+        [embedding] = [
+            s
+            for s in spans
+            if s.name == "cache.lookup"
+            and s.attributes
+            and s.attributes["mmgate.cache.stage"] == "embedding"
+        ]
+        lookups.append(node(embedding))
+    by_outcome = {n.attributes["mmgate.cache.outcome"]: n for n in lookups}
+    assert set(by_outcome) == {"miss", "coalesced"}
+    leader, follower = by_outcome["miss"], by_outcome["coalesced"]
+    assert follower.links == (leader.span_id,)
+    assert leader.links == ()
+    # the follower computed nothing: no encode under its lookup
+    everything = [node(s) for s in traced.exporter.get_finished_spans()]
+    assert not [n for n in everything if n.parent_id == follower.span_id]
+
+
+async def test_a_hit_is_a_lookup_span_with_its_tier(traced: Traced, client: MmgateClient) -> None:
+    data = png(903)
+    await client.complete_request(ask(data))
+    caller = client_span()
+    await client.inference.Complete(ask(data), metadata=caller.metadata, timeout=60)
+    spans = await spans_of(traced, caller.trace_id, COMPLETE)
+    [embedding] = [
+        node(s)
+        for s in spans
+        if s.name == "cache.lookup"
+        and s.attributes
+        and s.attributes["mmgate.cache.stage"] == "embedding"
+    ]
+    assert embedding.attributes["mmgate.cache.outcome"] == "hit"
+    assert embedding.attributes["mmgate.cache.tier"] == "memory"
+    assert not [s for s in spans if s.name in ("media.decode", "media.encode")]
+
+
+async def test_a_shared_response_runs_the_engine_under_its_lookup(
+    traced: Traced, client: MmgateClient
+) -> None:
+    caller = client_span()
+    request = ask(text=f"Share {secrets.token_hex(4)}", cache_policy="response")
+    await client.inference.Complete(request, metadata=caller.metadata, timeout=60)
+    spans = await spans_of(traced, caller.trace_id, COMPLETE, "text_completion tiny-llava")
+    [response] = [
+        node(s)
+        for s in spans
+        if s.name == "cache.lookup" and attrs(s)["mmgate.cache.stage"] == "response"
+    ]
+    assert response.attributes["mmgate.cache.outcome"] == "miss"
+    # the run belongs to the flight, not to this call: it is the lookup's child
+    assert node(one(spans, "text_completion tiny-llava")).parent_id == response.span_id
+
+
+async def test_health_checks_are_not_traced(traced: Traced, client: MmgateClient) -> None:
+    assert await client.health() == 1  # SERVING
+    caller = client_span()
+    # a traced call after it: its span ends before its answer, so the health span would have too
+    await client.cache.GetStats(pb_stats_request(), metadata=caller.metadata, timeout=30)
+    await spans_of(traced, caller.trace_id, "/mmgate.v1.Cache/GetStats")
+    services = {
+        (s.attributes or {}).get("rpc.service") for s in traced.exporter.get_finished_spans()
+    }
+    assert "grpc.health.v1.Health" not in services
+
+
+def pb_stats_request() -> Any:
+    from services.proto.mmgate.v1 import cache_pb2
+
+    return cache_pb2.GetStatsRequest()
+
+
+async def test_a_clients_unsampled_trace_is_not_recorded(
+    traced: Traced, client: MmgateClient
+) -> None:
+    unsampled, sampled = client_span(sampled=False), client_span()
+    await client.cache.GetStats(pb_stats_request(), metadata=unsampled.metadata, timeout=30)
+    await client.cache.GetStats(pb_stats_request(), metadata=sampled.metadata, timeout=30)
+    await spans_of(traced, sampled.trace_id, "/mmgate.v1.Cache/GetStats")
+    assert of_trace(traced.exporter.get_finished_spans(), unsampled.trace_id) == []
+
+
+async def test_invalid_argument_is_an_error_with_its_code(
+    traced: Traced, client: MmgateClient
+) -> None:
+    caller = client_span()
+    request = ask(text="hello", top_p=7.0)  # impossible sampling
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await client.inference.Complete(request, metadata=caller.metadata, timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    [server] = await spans_of(traced, caller.trace_id, COMPLETE)
+    assert server.status.status_code is StatusCode.ERROR
+    assert (server.status.description or "").startswith("INVALID_ARGUMENT: ")
+    assert server.attributes is not None
+    assert server.attributes["rpc.grpc.status_code"] == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+
+
+async def test_a_cancelled_stream_ends_cancelled(traced: Traced, client: MmgateClient) -> None:
+    caller = client_span()
+    client.metadata = caller.metadata
+    request = ask(text="Long story", max_tokens=400, ignore_eos=True)
+    stream = client.generate(request)
+    first = await anext(stream)  # the engine is generating now
+    assert first.HasField("delta")
+    await stream.aclose()  # cancels the call
+    spans = await spans_of(traced, caller.trace_id, GENERATE, "text_completion tiny-llava")
+    server = one(spans, GENERATE)
+    assert server.status.status_code is StatusCode.ERROR
+    assert server.status.description == "CANCELLED"
+    assert attrs(server)["rpc.grpc.status_code"] == grpc.StatusCode.CANCELLED.value[0]
+    engine = one(spans, "text_completion tiny-llava")
+    assert attrs(engine)["mmgate.engine.aborted"] is True
+    assert "gen_ai.response.finish_reasons" not in attrs(engine)
+    assert engine.status.status_code is StatusCode.UNSET  # the client left; nothing failed
+
+
+async def test_a_deadline_exceeded_stream_ends_deadline_exceeded(
+    traced: Traced, client: MmgateClient
+) -> None:
+    caller = client_span()
+    client.metadata = caller.metadata
+    request = ask(text="Long story", max_tokens=400, ignore_eos=True)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        async for _ in client.generate(request, timeout=0.5):
+            pass
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    [server] = [s for s in await spans_of(traced, caller.trace_id, GENERATE) if s.name == GENERATE]
+    assert server.attributes is not None
+    assert server.status.status_code is StatusCode.ERROR
+    assert (server.status.description or "").startswith("DEADLINE_EXCEEDED")
+    assert server.attributes["rpc.grpc.status_code"] == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+
+
+async def test_vllm_is_handed_the_engine_spans_context(
+    traced: Traced, client: MmgateClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = traced.server.engine
+    vllm = engine._engine
+    assert vllm is not None
+    handed: list[dict[str, str] | None] = []
+    generate = vllm.generate
+
+    def spy(*args: Any, trace_headers: Any = None, **kwargs: Any) -> Any:
+        handed.append(dict(trace_headers) if trace_headers else None)
+        # vLLM here exports no spans of its own: it would only warn and drop them
+        return generate(*args, trace_headers=None, **kwargs)
+
+    monkeypatch.setattr(vllm, "generate", spy)
+    monkeypatch.setattr(engine, "vllm_traces", True)
+    caller = client_span()
+    await client.inference.Complete(ask(text="hi"), metadata=caller.metadata, timeout=60)
+    monkeypatch.undo()
+    spans = await spans_of(traced, caller.trace_id, "text_completion tiny-llava")
+    engine_span = one(spans, "text_completion tiny-llava").context
+    assert engine_span is not None
+    assert handed == [{"traceparent": f"00-{caller.trace_id}-{engine_span.span_id:016x}-01"}]
+
+
+async def test_a_log_record_carries_the_trace_and_span_ids(
+    traced: Traced, client: MmgateClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = io.StringIO()
+    handler = logging.StreamHandler(lines)
+    handler.addFilter(TraceContextFilter())
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("mmgate.test_tracing")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+    def logged_decode(data: bytes, *args: Any, **kwargs: Any) -> Any:
+        # in the decode's worker thread, which runs in a copy of the computation's context
+        logger.info("decoded %s", digest_of(data)[:19])
+        return decode(data, *args, **kwargs)
+
+    monkeypatch.setattr(media_stages, "decode", logged_decode)
+    caller = client_span()
+    try:
+        await client.inference.Complete(ask(png(904)), metadata=caller.metadata, timeout=60)
+    finally:
+        monkeypatch.undo()
+        logger.removeHandler(handler)
+    spans = await spans_of(traced, caller.trace_id, COMPLETE)
+    [image] = [
+        node(s)
+        for s in spans
+        if s.name == "cache.lookup"
+        and s.attributes
+        and s.attributes["mmgate.cache.stage"] == "image"
+    ]
+    [line] = lines.getvalue().splitlines()
+    record = json.loads(line)
+    assert record["message"].startswith("decoded sha256:")
+    assert record["logger"] == "mmgate.test_tracing"
+    # logged inside the image stage's computation: that lookup's span
+    assert (record["trace_id"], record["span_id"]) == (caller.trace_id, image.span_id)
+
+
+# ── over the wire ────────────────────────────────────────────────────────────────────────────
+
+
+async def test_an_image_requests_spans_reach_an_otlp_receiver(
+    traced: Traced, client: MmgateClient
+) -> None:
+    caller = client_span()
+    response = await client.inference.Complete(ask(png(905)), metadata=caller.metadata, timeout=60)
+    await spans_of(traced, caller.trace_id, *IMAGE_TREE, *ENGINE_PHASES)
+    assert await traced.server.tracing.force_flush()  # the batch processor sends them now
+    wanted = len(of_trace(traced.exporter.get_finished_spans(), caller.trace_id))
+
+    def arrived(spans: list[Any]) -> bool:
+        return len([s for s in spans if s.trace_id == caller.trace_id]) >= wanted
+
+    received = [s for s in await traced.receiver.until(arrived) if s.trace_id == caller.trace_id]
+    assert {s.service for s in received} == {SERVICE}
+    nodes = [Node(s.name, s.span_id, s.parent_id, s.attributes, s.links) for s in received]
+    assert_image_tree(nodes, caller, response.final.model)
+    [server] = [s for s in received if s.name == COMPLETE]
+    assert server.status_code == 0  # unset: the call succeeded

@@ -1,0 +1,92 @@
+"""Shared responses through the pipeline, with an engine the test paces (the real engine is too
+fast to catch in the middle of a run): a request that arrives while the run is going joins it
+live, one that comes after replays it, and the engine runs once for all of them."""
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from cache_actor import CacheActor
+from services.config import Settings
+from services.pipeline.generation import Pipeline
+from services.pipeline.request import Request
+from services.types import EngineDelta, EngineRequest, Finished, GenerationRequest, Sampling
+
+
+class Tokenizer:
+    def __call__(self, text: str, **options: Any) -> dict[str, list[int]]:
+        return {"input_ids": [ord(c) for c in text]}
+
+
+class PacedEngine:
+    """Yields one token, then waits for the test before the rest: a run caught in the middle."""
+
+    model_name = "paced"
+    max_model_len = 64
+    ready = True
+    tokenizer = Tokenizer()
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.go_on = asyncio.Event()
+
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineDelta, None]:
+        self.runs += 1
+        yield EngineDelta("Hello", (1,))
+        await self.go_on.wait()
+        yield EngineDelta(" world", (2,), finish_reason="stop")
+
+
+def shared_request() -> Request:
+    checked = GenerationRequest(
+        prompt="hi",
+        chat=None,
+        sampling=Sampling(max_tokens=8, temperature=0.0),
+        max_tokens_set=True,
+        request_id="r",
+        cache_policy="response",
+    )
+    return Request(checked, "default", time.monotonic() + 30)
+
+
+async def test_a_request_joins_a_run_in_the_middle() -> None:
+    engine = PacedEngine()
+    async with CacheActor() as cache:
+        pipeline = Pipeline(Settings(), engine, cache)
+
+        first = pipeline.generate(shared_request())
+        assert isinstance(delta := await anext(first), EngineDelta)
+        assert delta.text == "Hello"  # the run is in its middle now
+        second = pipeline.generate(shared_request())
+        assert isinstance(joined := await anext(second), EngineDelta)
+        assert joined.text == "Hello"  # from the start, though it came late
+
+        engine.go_on.set()
+        rest_of_first = [event async for event in first]
+        rest_of_second = [event async for event in second]
+        assert [e.text for e in rest_of_first if isinstance(e, EngineDelta)] == [" world"]
+        assert [e.text for e in rest_of_second if isinstance(e, EngineDelta)] == [" world"]
+        first_end, second_end = rest_of_first[-1], rest_of_second[-1]
+        assert isinstance(first_end, Finished)
+        assert isinstance(second_end, Finished)
+        assert [(r.stage, r.outcome) for r in first_end.lookups] == [
+            ("prompt", "miss"),
+            ("response", "miss"),
+        ]
+        assert [(r.stage, r.outcome) for r in second_end.lookups] == [
+            ("prompt", "hit"),
+            ("response", "coalesced"),
+        ]
+        assert (first_end.response_from_cache, second_end.response_from_cache) == (False, True)
+        assert engine.runs == 1
+
+        third = [event async for event in pipeline.generate(shared_request())]  # a replay
+        assert [e.text for e in third if isinstance(e, EngineDelta)] == ["Hello", " world"]
+        third_end = third[-1]
+        assert isinstance(third_end, Finished)
+        assert third_end.lookups[-1].outcome == "hit"
+        assert third_end.response_from_cache
+        assert (third_end.completion_tokens, third_end.finish_reason) == (2, "stop")
+        assert engine.runs == 1
+        await pipeline.close()

@@ -1,0 +1,27 @@
+"""A media stage with the bug mmgate exists to stop: its decode step looks its own image up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.observability.lookups import stage
+from services.pipeline.media import DecodedImage, PixelsStage
+from services.types import ImageInput
+
+
+class ReEntering(PixelsStage):
+    """A stage whose miss path re-enters the cache for the same key (the ghost-key failure)."""
+
+    async def _decoded(self, source: ImageInput, tenant: str, deadline: float) -> Any:
+        if source.data is None:  # the inner lookup, by reference: the stage's own
+            return await super()._decoded(source, tenant, deadline)
+
+        async def decode_and_audit() -> DecodedImage:
+            # what a statistics hook in a lock-based cache did: look the image up again
+            await self._image(ImageInput(source.index, None, source.digest), tenant, 30.0)
+            raise AssertionError("the re-entrant lookup returned")
+
+        with stage("image"):
+            return await self.cache.get(
+                self.stage_keys(source.digest)["image"], decode_and_audit, tenant=tenant
+            )

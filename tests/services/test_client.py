@@ -1,0 +1,291 @@
+"""``SyncClient`` over real servers: every call of ``MmgateClient``, blocking, and the resend of an
+image's bytes when the server no longer holds it (also for ``MmgateClient``'s stream).
+
+The text model is the session's ``server``; the vision calls need a LLaVA, served here by a child
+process on the tiny random one (built by its CLI, so this module imports nothing of the server).
+A client interceptor records what the client put on the wire: an image goes by ``digest`` or as
+``data``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+
+from services.client import MmgateClient, SyncClient, build_request, digest_of
+from services.proto.mmgate.v1 import inference_pb2 as pb
+
+from .conftest import RunningServer, start_server
+from .imagegen import png
+
+ROOT = Path(__file__).resolve().parents[2]
+LONG: dict[str, Any] = {"max_tokens": 900, "ignore_eos": True, "temperature": 0.0}
+
+
+def sync_client(server: RunningServer, **options: Any) -> SyncClient:
+    return SyncClient(server.target, timeout=60.0, **options)
+
+
+def prompt_key(final: pb.GenerateFinal) -> str:
+    [lookup] = [entry for entry in final.cache.lookups if entry.stage == "prompt"]
+    return lookup.key
+
+
+# --- every call, on the text model ---------------------------------------------------------
+
+
+def test_complete_and_stream_text_give_the_same_answer(server: RunningServer) -> None:
+    with sync_client(server) as client:
+        before = client.stats().engine.requests
+        streamed = "".join(client.stream_text("Hi", max_tokens=6, temperature=0.0))
+        completed = client.complete("Hi", max_tokens=6, temperature=0.0, timeout=30.0)
+        assert streamed == completed.text
+        assert completed.final.usage.completion_tokens > 0
+        stats = client.stats()
+        assert stats.engine.requests > before
+        assert stats.model
+
+
+def test_generate_streams_deltas_then_one_final(server: RunningServer) -> None:
+    request = build_request("Count", max_tokens=5, temperature=0.0, ignore_eos=True)
+    with sync_client(server) as client:
+        events = list(client.generate(request))
+        answer = client.complete_request(request)
+    *deltas, last = events
+    assert [e.WhichOneof("event") for e in deltas] == ["delta"] * len(deltas)
+    assert last.HasField("final")
+    assert last.final.usage.completion_tokens == 5
+    assert "".join(e.delta.text for e in deltas) == answer.text
+
+
+def test_closing_generate_early_cancels_the_call(server: RunningServer) -> None:
+    request = build_request("Long story", **LONG)
+    with sync_client(server) as client:
+
+        def settled() -> Any:
+            client.complete("tick", max_tokens=1)  # the engine has stepped since
+            return client.stats().engine
+
+        # as in test_cancel: on a loaded machine the engine may finish all 900 tokens before
+        # the first one is sent; try again until the cancellation lands mid-generation
+        for _ in range(5):
+            before = settled()
+            stream = client.generate(request)
+            assert next(stream).HasField("delta")
+            stream.close()
+            after = settled()
+            assert after.running == 0
+            if after.aborted == before.aborted + 1:
+                return
+            assert after.requests == before.requests + 2  # the long request (whole), the tick
+    raise AssertionError("the engine finished 900 tokens before each of 5 cancellations")
+
+
+def test_every_call_has_a_deadline(server: RunningServer) -> None:
+    with SyncClient(server.target, timeout=0.05) as hurried:
+        with pytest.raises(grpc.RpcError) as caught:
+            hurried.complete("Long story", **LONG)
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    with sync_client(server) as client:
+        with pytest.raises(grpc.RpcError) as caught:
+            list(client.generate(build_request("Long story", **LONG), timeout=0.05))
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def test_the_tenant_goes_with_each_call(server: RunningServer) -> None:
+    with sync_client(server, tenant="team-sync") as mine, sync_client(server) as other:
+        key = prompt_key(mine.complete("A tenant's own prompt", max_tokens=2).final)
+        assert mine.inspect(key).state == "stored"
+        assert other.inspect(key).state == "absent"
+        assert not other.invalidate(key)
+        assert mine.invalidate(key)
+    with sync_client(server, tenant="bad tenant!") as bad:
+        with pytest.raises(grpc.RpcError) as caught:
+            bad.complete("x", max_tokens=1)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(grpc.RpcError) as caught:
+            list(bad.generate(build_request("x", max_tokens=1)))
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_inspect_and_invalidate_a_cache_key(server: RunningServer) -> None:
+    with sync_client(server) as client:
+        key = prompt_key(client.complete("Forget me, synchronously", max_tokens=2).final)
+        seen = client.inspect(key)
+        assert (seen.key, seen.state) == (key, "stored")
+        assert client.invalidate(key)
+        assert client.inspect(key).state == "absent"
+        assert not client.invalidate(key)
+
+
+def test_health(server: RunningServer) -> None:
+    with sync_client(server) as client:
+        assert client.health() == health_pb2.HealthCheckResponse.SERVING
+        assert client.health("mmgate.v1.Inference") == health_pb2.HealthCheckResponse.SERVING
+        checked = client.health_stub.Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert checked.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_a_text_model_refuses_prefetch(server: RunningServer) -> None:
+    with sync_client(server) as client:
+        with pytest.raises(grpc.RpcError) as caught:
+            client.prefetch(png(1))
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert digest_of(png(1)) not in client.held
+
+
+# --- images, on a vision model -------------------------------------------------------------
+
+
+def build_tiny_llava(path: Path) -> Path:
+    """The tiny LLaVA, built by a child process: its CLI's current name, else its next one."""
+    mmgate = Path(sys.executable).with_name("mmgate")
+    commands = [[sys.executable, "-m", "services.models", "tiny-llava", str(path)]]
+    if mmgate.exists():
+        commands.append([str(mmgate), "models", "tiny-llava", str(path)])
+    failures = []
+    for command in commands:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
+        if done.returncode == 0:
+            return path
+        failures.append(f"{' '.join(command[1:])}: exit {done.returncode}\n{done.stderr[-2000:]}")
+    raise AssertionError("could not build the tiny LLaVA:\n" + "\n".join(failures))
+
+
+@pytest.fixture(scope="module")
+def vision_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    model = build_tiny_llava(tmp_path_factory.mktemp("models") / "tiny-llava")
+    running = start_server(
+        tmp_path_factory.mktemp("logs"),
+        str(model),
+        MMGATE_ENGINE__MAX_MODEL_LEN="512",
+        MMGATE_ENGINE__KV_CACHE_MEMORY_BYTES=str(128 * 1024 * 1024),
+        MMGATE_ENGINE__DTYPE="float32",
+    )
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+def sources(request: pb.GenerateRequest) -> list[str]:
+    """How each image went: "digest" or "data"."""
+    return [image.WhichOneof("source") or "" for image in request.images]
+
+
+class Recorder(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """The image sources of each Generate and Complete call a SyncClient sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[str]] = []
+
+    def _record(self, details: Any, request: Any) -> None:
+        if details.method.endswith(("/Generate", "/Complete")):
+            self.sent.append(sources(request))
+
+    def intercept_unary_unary(
+        self, continuation: Callable[[Any, Any], Any], details: Any, request: Any
+    ) -> Any:
+        self._record(details, request)
+        return continuation(details, request)
+
+    def intercept_unary_stream(
+        self, continuation: Callable[[Any, Any], Any], details: Any, request: Any
+    ) -> Any:
+        self._record(details, request)
+        return continuation(details, request)
+
+
+class AioRecorder(grpc.aio.UnaryStreamClientInterceptor):
+    """The image sources of each Generate stream a MmgateClient sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[str]] = []
+
+    async def intercept_unary_stream(
+        self, continuation: Callable[[Any, Any], Awaitable[Any]], details: Any, request: Any
+    ) -> Any:
+        self.sent.append(sources(request))
+        return await continuation(details, request)
+
+
+@pytest.fixture
+def recorded(vision_server: RunningServer) -> Iterator[tuple[SyncClient, Recorder]]:
+    recorder = Recorder()
+    channel = grpc.intercept_channel(grpc.insecure_channel(vision_server.target), recorder)
+    with SyncClient(timeout=60.0, channel=channel) as client:
+        yield client, recorder
+
+
+def ask(*images: bytes) -> pb.GenerateRequest:
+    return build_request(
+        "What is in the picture?", images=list(images), max_tokens=4, temperature=0.0
+    )
+
+
+def test_a_held_image_goes_by_digest_and_its_bytes_again_once_the_server_lost_it(
+    recorded: tuple[SyncClient, Recorder],
+) -> None:
+    client, recorder = recorded
+    data = png(501)
+    first = client.complete_request(ask(data))
+    [report] = first.final.cache.images
+    assert (report.digest, report.outcome) == (digest_of(data), "miss")
+    assert report.digest in client.held
+
+    second = client.complete_request(ask(data))
+    held = second.final.cache.images[0]
+    assert (held.outcome, held.tier) == ("hit", "memory")
+    assert second.token_ids == first.token_ids
+
+    assert client.invalidate(digest=report.digest)
+    before = client.stats().media
+    third = client.complete_request(ask(data))
+    after = client.stats().media
+    assert third.final.cache.images[0].outcome == "miss"  # decoded again, from the resent bytes
+    assert third.token_ids == first.token_ids
+    assert (after.not_held, after.decodes) == (before.not_held + 1, before.decodes + 1)
+    assert recorder.sent == [["data"], ["digest"], ["digest"], ["data"]]
+    assert report.digest in client.held  # learnt again from the third answer
+
+
+def test_the_stream_resends_the_bytes_too(recorded: tuple[SyncClient, Recorder]) -> None:
+    client, recorder = recorded
+    data = png(502)
+    first = client.complete_request(ask(data))
+    assert client.invalidate(digest=first.final.cache.images[0].digest)
+    *deltas, last = client.generate(ask(data))
+    assert deltas
+    assert all(e.HasField("delta") for e in deltas)
+    assert last.final.cache.images[0].outcome == "miss"
+    assert recorder.sent == [["data"], ["digest"], ["data"]]
+
+
+def test_prefetch_then_by_digest_only(recorded: tuple[SyncClient, Recorder]) -> None:
+    client, recorder = recorded
+    data = png(503)
+    warmed = client.prefetch(data)
+    assert (warmed.digest, warmed.outcome, warmed.form) == (digest_of(data), "miss", "embeddings")
+    seen = client.inspect(digest=warmed.digest)
+    assert {s.stage: s.state for s in seen.stages} == {"image": "stored", "embedding": "stored"}
+    answer = client.complete("<image> What is this?", images=[data], max_tokens=4)
+    assert answer.final.cache.images[0].outcome == "hit"
+    assert recorder.sent == [["digest"]]
+
+
+async def test_the_async_stream_resends_the_bytes(vision_server: RunningServer) -> None:
+    # test_images covers MmgateClient.complete_request's resend; this is its Generate stream
+    recorder = AioRecorder()
+    channel = grpc.aio.insecure_channel(vision_server.target, interceptors=[recorder])
+    async with MmgateClient(timeout=60.0, channel=channel) as client:
+        data = png(504)
+        first = await client.complete_request(ask(data))
+        assert await client.invalidate(digest=first.final.cache.images[0].digest)
+        events = [event async for event in client.generate(ask(data))]
+    assert events[-1].final.cache.images[0].outcome == "miss"
+    assert recorder.sent == [["digest"], ["data"]]  # the Generate calls (Complete not recorded)
