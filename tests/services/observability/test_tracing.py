@@ -413,9 +413,10 @@ async def test_a_deadline_exceeded_stream_ends_deadline_exceeded(
 ) -> None:
     caller = client_span()
     client.metadata = caller.metadata
-    request = ask(text="Long story", max_tokens=400, ignore_eos=True)
+    # 490 tokens take the tiny model ~0.5 s on an idle 2-core machine: 0.25 s cannot hold them
+    request = ask(text="Long story", max_tokens=490, ignore_eos=True)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        async for _ in client.generate(request, timeout=0.5):
+        async for _ in client.generate(request, timeout=0.25):
             pass
     assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     [server] = [s for s in await spans_of(traced, caller.trace_id, GENERATE) if s.name == GENERATE]
@@ -481,12 +482,15 @@ async def test_a_log_record_carries_the_trace_and_span_ids(
         and s.attributes
         and s.attributes["mmgate.cache.stage"] == "image"
     ]
+    [decode_span] = [node(s) for s in spans if s.name == "media.decode"]
     [line] = lines.getvalue().splitlines()
     record = json.loads(line)
     assert record["message"].startswith("decoded sha256:")
     assert record["logger"] == "mmgate.test_tracing"
-    # logged inside the image stage's computation: that lookup's span
-    assert (record["trace_id"], record["span_id"]) == (caller.trace_id, image.span_id)
+    # logged inside the image stage's computation, in its worker thread: the decode's span,
+    # a child of that lookup's
+    assert (record["trace_id"], record["span_id"]) == (caller.trace_id, decode_span.span_id)
+    assert decode_span.parent_id == image.span_id
 
 
 # ── over the wire ────────────────────────────────────────────────────────────────────────────
