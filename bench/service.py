@@ -48,7 +48,6 @@ import argparse
 import asyncio
 import os
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -58,12 +57,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from grpc_health.v1 import health_pb2
-
 from services.api.server import resolve_model
 from services.client import MmgateClient, build_request
 from services.config import EngineSettings, Settings
 from services.engine.worker import EngineWorker
+from tests.support import free_port, wait_serving
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -302,13 +300,6 @@ class InProcess:
             engine.shutdown()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 class Mmgate:
     """``mmgate serve`` in a child process with default settings, over loopback gRPC."""
 
@@ -369,22 +360,7 @@ class Mmgate:
 
     async def _wait_serving(self, process: asyncio.subprocess.Process) -> None:
         """Until health's Watch stream says SERVING, or the server exits (no polling)."""
-        assert self._client is not None
-
-        async def serving() -> None:
-            assert self._client is not None
-            stream = self._client.health_stub.Watch(
-                health_pb2.HealthCheckRequest(service=""),
-                timeout=START_TIMEOUT,
-                wait_for_ready=True,
-            )
-            async for update in stream:
-                if update.status == health_pb2.HealthCheckResponse.SERVING:
-                    stream.cancel()
-                    return
-            raise RuntimeError("the health stream ended before SERVING")
-
-        watch = asyncio.ensure_future(serving())
+        watch = asyncio.ensure_future(asyncio.to_thread(wait_serving, self.target, START_TIMEOUT))
         exited = asyncio.ensure_future(process.wait())
         done, _ = await asyncio.wait(
             {watch, exited}, timeout=START_TIMEOUT, return_when=asyncio.FIRST_COMPLETED
@@ -392,9 +368,7 @@ class Mmgate:
         if watch in done and watch.exception() is None:
             exited.cancel()
             return
-        watch.cancel()
         exited.cancel()
-        await asyncio.gather(watch, exited, return_exceptions=True)
         reason = (
             f"exited with {process.returncode}"
             if process.returncode is not None
@@ -403,6 +377,8 @@ class Mmgate:
             else repr(watch.exception())
         )
         await self.close()
+        # the health watch ends with the server's port (it has stopped) or at its deadline
+        await asyncio.gather(watch, exited, return_exceptions=True)
         raise RuntimeError(f"mmgate serve {reason}:\n{self.log_tail()}")
 
     async def send(self, i: int) -> Sample:

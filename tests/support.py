@@ -5,17 +5,27 @@ Gate, Stuck               computations held until released / never finishing by 
 assert_no_leaked_tasks()  nothing left running on the loop but the caller
 free_port()               a loopback port nobody listens on
 wait_serving(target)      block until a server's health says SERVING (Watch: no polling)
+start_server(dir, model)  `mmgate serve` in a child process on free ports, until SERVING
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import signal
 import socket
+import subprocess
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.client import MmgateClient
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
@@ -91,3 +101,101 @@ def wait_serving(target: str, timeout: float, service: str = "") -> list[int]:
                 stream.cancel()
                 return seen
     raise AssertionError(f"the health stream of {target} ended before SERVING")
+
+
+ROOT = Path(__file__).resolve().parents[1]
+START_TIMEOUT = 240.0
+STOP_TIMEOUT = 90.0
+MiB = 1024 * 1024
+
+
+@dataclass
+class RunningServer:
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    # health of "" as seen from the moment the port opened until SERVING
+    startup_statuses: list[int] = field(default_factory=list)
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def log(self, lines: int = 60) -> str:
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    @property
+    def metrics_url(self) -> str:
+        """The /metrics address the server logged at start (its metrics port may be any)."""
+        found = re.search(r"metrics on (http://\S+/metrics)", self.log_path.read_text("utf-8"))
+        assert found is not None, f"no metrics address in the server's log:\n{self.log()}"
+        return found.group(1)
+
+    def client(self, **kwargs: object) -> MmgateClient:
+        return MmgateClient(self.target, **kwargs)  # type: ignore[arg-type]
+
+    def stop(self) -> int:
+        """SIGTERM, then wait for a clean exit; a hang fails the test instead of blocking."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+            raise AssertionError(f"server ignored SIGTERM:\n{self.log()}") from None
+
+
+def start_server(log_dir: Path, model: str | None, **settings: str) -> RunningServer:
+    port = free_port()
+    env = dict(os.environ)
+    env.update(
+        {
+            "MMGATE_HOST": "127.0.0.1",
+            "MMGATE_PORT": str(port),
+            "MMGATE_ENGINE__KV_CACHE_MEMORY_BYTES": str(256 * MiB),
+            "MMGATE_ENGINE__MAX_MODEL_LEN": "1024",
+            # the oversized-message tests are written against 4 MiB
+            "MMGATE_MAX_MESSAGE_BYTES": str(4 * MiB),
+            # several servers run at once: each its own free metrics port
+            "MMGATE_METRICS__PORT": "0",
+            "MMGATE_LOG_LEVEL": "INFO",
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+    )
+    if model is not None:
+        env["MMGATE_ENGINE__MODEL"] = model
+    env.update(settings)
+    log_path = log_dir / f"server-{port}.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", "serve"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    server = RunningServer(process, port, log_path, env)
+    try:
+        wait_until_serving(server)
+    except BaseException:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+        raise
+    return server
+
+
+def wait_until_serving(server: RunningServer) -> None:
+    """Block until the server's health says SERVING; its log in the failure if it never does."""
+    try:
+        server.startup_statuses.extend(wait_serving(server.target, START_TIMEOUT))
+    except (grpc.FutureTimeoutError, grpc.RpcError, AssertionError) as error:
+        raise AssertionError(
+            f"server did not become ready ({error!r}); exit code {server.process.poll()}:\n"
+            f"{server.log()}"
+        ) from None

@@ -55,8 +55,10 @@ def top(module: str) -> str:
 
 def is_own(module: str) -> bool:
     """The modules of mmgate that the client may load."""
-    return module in ("services", "services.wire", "services.client") or (
-        module == "services.proto" or module.startswith("services.proto.")
+    return (
+        module in ("services", "services.wire")
+        or module.split(".")[:2] == ["services", "client"]
+        or (module == "services.proto" or module.startswith("services.proto."))
     )
 
 

@@ -1,6 +1,7 @@
 """Beyond max_concurrent_requests (16 in the test server) a call gets RESOURCE_EXHAUSTED at once."""
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -8,13 +9,25 @@ import pytest
 from services.client import MmgateClient, build_request
 from services.proto.mmgate.v1 import inference_pb2 as pb
 
-from ..conftest import error_details
+from ..conftest import RunningServer, error_details
 
 LIMIT = 16  # MMGATE_MAX_CONCURRENT_REQUESTS of the session's server
 
 
+# Stream windows of 1 KiB, never grown: a stream the client does not read stalls the server's
+# writes after ~40 tokens, so the server holds its 16 requests however fast the engine is.
+SMALL_WINDOWS = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
+
+
+@pytest.fixture
+async def client(server: RunningServer) -> AsyncIterator[MmgateClient]:
+    channel = grpc.aio.insecure_channel(server.target, options=SMALL_WINDOWS)
+    async with MmgateClient(server.target, timeout=60.0, channel=channel) as client:
+        yield client
+
+
 async def test_overload_is_refused_and_the_server_recovers(client: MmgateClient) -> None:
-    # as long as the context allows, so that none can finish before the 17th call is refused
+    # as long as the context allows, unread: none can finish before the 17th call is refused
     request = build_request("Long", max_tokens=990, ignore_eos=True)
     streams = [client.generate(request) for _ in range(LIMIT)]
     # every one of them has produced a token: all are in progress

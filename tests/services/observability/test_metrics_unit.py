@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from importlib import metadata
 
 import grpc
@@ -23,6 +23,7 @@ from services.observability.lookups import stage
 from services.observability.metric_families import Snapshot, families, media_outcome
 from services.observability.metrics import LookupMetrics, Metrics
 from services.types import TIME_TO_FIRST_TOKEN_BUCKETS, MediaStats
+from tests.support import until
 
 from ..prom import DASHBOARD_NAMES, Scrape, parse, promtool_problems
 
@@ -34,15 +35,6 @@ def scrape(metrics: Metrics) -> Scrape:
 
 
 # ── the lookup hook ────────────────────────────────────────────────────────────────────────
-
-
-async def until(predicate: Callable[[], bool], limit: int = 10_000) -> None:
-    """Let other tasks run until ``predicate`` holds (the actor's own steps, no wall time)."""
-    for _ in range(limit):
-        if predicate():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition never held")
 
 
 @pytest.fixture

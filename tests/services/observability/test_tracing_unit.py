@@ -9,7 +9,7 @@ import contextlib
 import io
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import grpc
@@ -41,6 +41,7 @@ from services.observability.tracing import (
     service_name,
 )
 from services.types import EngineRequest, Sampling
+from tests.support import Gate, until
 
 # ── settings and the environment ─────────────────────────────────────────────────────────────
 
@@ -192,19 +193,13 @@ def calling(tracer: trace.Tracer) -> Iterator[None]:
         spans.CURRENT_TRACER.reset(token)
 
 
-class Gate:
-    """A computation held until released: sequencing without sleeps."""
-
-    def __init__(self, value: bytes = b"value") -> None:
-        self.value = value
-        self.started = asyncio.Event()
-        self.release = asyncio.Event()
+class SpanGate(Gate):
+    """A computation held until released, inside a span of its own: sequencing without sleeps."""
 
     async def __call__(self) -> bytes:
-        self.started.set()
         with spans.span("compute"):
-            await self.release.wait()
-        return self.value
+            value: bytes = await super().__call__()
+        return value
 
 
 def by_name(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
@@ -218,7 +213,7 @@ def attrs(span: ReadableSpan) -> dict[str, Any]:
 async def test_a_miss_is_the_parent_of_its_computation(
     cache: CacheActor, exporter: InMemorySpanExporter, tracer: trace.Tracer
 ) -> None:
-    gate = Gate(b"12345")
+    gate = SpanGate(b"12345")
     gate.release.set()
     with calling(tracer), tracer.start_as_current_span("request") as request, stage("image"):
         await cache.get("ab" * 32, gate, tenant="t")
@@ -247,7 +242,7 @@ async def test_a_miss_is_the_parent_of_its_computation(
 async def test_a_follower_links_to_the_leader_and_a_hit_names_its_tier(
     cache: CacheActor, exporter: InMemorySpanExporter, tracer: trace.Tracer
 ) -> None:
-    gate = Gate()
+    gate = SpanGate()
     with calling(tracer):
         leader = asyncio.ensure_future(cache.get("k", gate))
         await gate.started.wait()
@@ -279,7 +274,7 @@ async def test_failed_lookups_say_how(cache: CacheActor, exporter: InMemorySpanE
     async def reenters() -> bytes:
         return (await cache.get("loop", reenters)).value
 
-    stuck = Gate()
+    stuck = SpanGate()
     with pytest.raises(ValueError, match="corrupt"):
         await cache.get("bad", fails)
     with pytest.raises(CacheRecursionError):
@@ -308,15 +303,6 @@ async def test_failed_lookups_say_how(cache: CacheActor, exporter: InMemorySpanE
     assert all(
         "corrupt" not in (s.status.description or "") for s in by_name(exporter, "cache.lookup")
     )
-
-
-async def until(predicate: Callable[[], bool], limit: int = 10_000) -> None:
-    """Yield to the loop until ``predicate`` holds: waits on progress, not on time."""
-    for _ in range(limit):
-        if predicate():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition never held")
 
 
 # ── log records ──────────────────────────────────────────────────────────────────────────────

@@ -1,0 +1,51 @@
+"""mmgate's Python client, for internal services: ``MmgateClient`` (asyncio) and ``SyncClient``.
+
+    async with MmgateClient("127.0.0.1:50051") as client:
+        async for text in client.stream_text("What is the capital of France?", max_tokens=32):
+            print(text, end="")
+        answer = await client.complete("Name a prime.", temperature=0.0)
+
+    with SyncClient("127.0.0.1:50051") as client:  # the same calls, blocking
+        answer = client.complete("Name a prime.", temperature=0.0)
+
+A string is sent as one user turn of a chat (the model's chat template applies); pass
+``messages=[("system", ...), ("user", ...)]`` for more turns, or ``raw=True`` to send the string
+to the model as is.
+
+Images go as bytes (PNG, JPEG, WebP): ``complete("<image> What is this?", images=[png])``; the
+n-th ``<image>`` in the text is the n-th image (with none in the text, they go before the user's
+text). Once the server has reported an image's digest, this client sends only the digest; if
+the server no longer holds it (NOT_FOUND, reason IMAGE_NOT_FOUND), the client resends the
+request with the bytes, once:
+
+    request ── by_reference ──┬── an image held ──► sent by digest ──► NOT_FOUND, IMAGE_NOT_FOUND
+                              │                                                │ forget the digests
+                              └── none held ──────► sent as built ◄────────────┘ (once)
+
+This package imports grpc, protobuf, the generated stubs and ``wire`` only: a service that only
+calls mmgate loads none of the server's dependencies (a test holds it to that).
+"""
+
+from .aio import MmgateClient
+from .requests import (
+    CACHE_POLICIES,
+    DEFAULT_TARGET,
+    HELD_DIGESTS,
+    HeldImages,
+    build_request,
+    digest_of,
+    image_not_found,
+)
+from .sync import SyncClient
+
+__all__ = [
+    "CACHE_POLICIES",
+    "DEFAULT_TARGET",
+    "HELD_DIGESTS",
+    "HeldImages",
+    "MmgateClient",
+    "SyncClient",
+    "build_request",
+    "digest_of",
+    "image_not_found",
+]

@@ -1,0 +1,164 @@
+"""What both clients share: building requests, the digests the server holds, when to resend.
+
+request ── by_reference ──┬── an image held ──► sent by digest ──► NOT_FOUND, IMAGE_NOT_FOUND
+                          │                                                │ forget the digests
+                          └── none held ──────► sent as built ◄────────────┘ (once)
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any, final
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+
+from ..proto.mmgate.v1 import inference_pb2
+from ..wire import IMAGE_NOT_FOUND, IMAGE_PLACEHOLDER, TENANT_HEADER, digest_of
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+CACHE_POLICIES = {
+    "prompt": inference_pb2.CACHE_POLICY_UNSPECIFIED,
+    "response": inference_pb2.CACHE_POLICY_RESPONSE,
+    "bypass": inference_pb2.CACHE_POLICY_BYPASS,
+}
+
+
+# digests this client remembers as held by the server, most recent last
+HELD_DIGESTS = 4096
+
+
+def build_request(
+    prompt: str | None = None,
+    *,
+    messages: Sequence[tuple[str, str]] | None = None,
+    images: Sequence[bytes] = (),
+    raw: bool = False,
+    request_id: str = "",
+    cache_policy: str = "prompt",
+    **sampling: Any,
+) -> inference_pb2.GenerateRequest:
+    """A GenerateRequest; ``sampling`` takes SamplingParams' fields (max_tokens, temperature...)."""
+    request = inference_pb2.GenerateRequest(
+        request_id=request_id,
+        cache_policy=CACHE_POLICIES[cache_policy],
+        sampling=inference_pb2.SamplingParams(
+            **{k: v for k, v in sampling.items() if v is not None}
+        ),
+        images=[inference_pb2.Image(data=data) for data in images],
+    )
+    texts = [prompt or ""] + [content for _, content in messages or ()]
+    if images and prompt is not None and not any(IMAGE_PLACEHOLDER in t for t in texts):
+        prompt = IMAGE_PLACEHOLDER * len(images) + "\n" + prompt
+    if raw:
+        request.prompt = prompt or ""
+    else:
+        turns = list(messages or []) + ([("user", prompt)] if prompt is not None else [])
+        request.chat.messages.extend(
+            inference_pb2.ChatMessage(role=role, content=content) for role, content in turns
+        )
+    return request
+
+
+def call_metadata(tenant: str | None) -> tuple[tuple[str, str], ...]:
+    return ((TENANT_HEADER, tenant),) if tenant else ()
+
+
+def image_not_found(error: grpc.RpcError) -> bool:
+    """The server does not hold an image the request referred to by digest."""
+    if error.code() != grpc.StatusCode.NOT_FOUND:
+        return False
+    for key, value in error.trailing_metadata() or ():
+        if key == "grpc-status-details-bin":
+            for detail in status_pb2.Status.FromString(value).details:
+                info = error_details_pb2.ErrorInfo()
+                if detail.Unpack(info) and info.reason == IMAGE_NOT_FOUND:
+                    return True
+    return False
+
+
+class HeldImages:
+    """The digests the server has reported for this client's images, bounded, most recent last.
+
+    ``by_reference`` swaps the bytes of a held image for its digest; a request that then fails
+    with IMAGE_NOT_FOUND is sent again as it was built, with the bytes.
+    """
+
+    def __init__(self, capacity: int = HELD_DIGESTS) -> None:
+        self.capacity = capacity
+        self._digests: OrderedDict[str, None] = OrderedDict()
+
+    def __contains__(self, digest: str) -> bool:
+        return digest in self._digests
+
+    def add(self, digest: str) -> None:
+        self._digests[digest] = None
+        self._digests.move_to_end(digest)
+        while len(self._digests) > self.capacity:
+            self._digests.popitem(last=False)
+
+    def learn(self, final: inference_pb2.GenerateFinal) -> None:
+        for report in final.cache.images:
+            self.add(report.digest)
+
+    def by_reference(
+        self, request: inference_pb2.GenerateRequest
+    ) -> inference_pb2.GenerateRequest | None:
+        """The request with held images as digests; None when no image is held."""
+        digests = [
+            digest_of(image.data) if image.WhichOneof("source") == "data" else ""
+            for image in request.images
+        ]
+        if not any(d in self._digests for d in digests if d):
+            return None
+        slim = inference_pb2.GenerateRequest()
+        slim.CopyFrom(request)
+        for image, digest in zip(slim.images, digests, strict=True):
+            if digest in self._digests:
+                image.digest = digest  # the oneof drops the bytes
+        return slim
+
+    def forget(self, request: inference_pb2.GenerateRequest) -> None:
+        for image in request.images:
+            self._digests.pop(image.digest, None)
+
+
+@final
+class Attempts:
+    """One call's requests, for both clients: ``current`` is sent first (held images as
+    digests), and ``resend_with_bytes`` decides, once, whether it goes again as built."""
+
+    __slots__ = ("_held", "_request", "current")
+
+    def __init__(self, held: HeldImages, request: inference_pb2.GenerateRequest) -> None:
+        self._held = held
+        self._request = request
+        slim = held.by_reference(request)
+        self.current = request if slim is None else slim
+
+    def resend_with_bytes(self, error: grpc.RpcError, *, streamed: bool = False) -> bool:
+        """True, and ``current`` becomes the request with the bytes, when ``current`` went by
+        reference and the server no longer holds one of its images; False: raise ``error``.
+
+        ``streamed``: the call already delivered events, which a resend would deliver twice
+        (it does not happen: the server prepares images before the first token).
+        """
+        if self.current is self._request or streamed or not image_not_found(error):
+            return False
+        self._held.forget(self.current)
+        self.current = self._request
+        return True
+
+
+__all__ = [
+    "CACHE_POLICIES",
+    "DEFAULT_TARGET",
+    "HELD_DIGESTS",
+    "Attempts",
+    "HeldImages",
+    "build_request",
+    "call_metadata",
+    "digest_of",
+    "image_not_found",
+]

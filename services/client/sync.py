@@ -1,0 +1,142 @@
+"""``SyncClient``: the same calls as ``MmgateClient``, blocking, for code without an event loop."""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator
+from types import TracebackType
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from ..proto.mmgate.v1 import cache_pb2, cache_pb2_grpc, inference_pb2, inference_pb2_grpc
+from .requests import DEFAULT_TARGET, Attempts, HeldImages, build_request, call_metadata
+
+
+class SyncClient:
+    """``MmgateClient``'s calls for code without an event loop, blocking; every call has a
+    deadline (``timeout`` seconds)."""
+
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        *,
+        tenant: str | None = None,
+        timeout: float = 120.0,
+        channel: grpc.Channel | None = None,
+    ) -> None:
+        self.channel = channel or grpc.insecure_channel(target)
+        self.timeout = timeout
+        self.metadata = call_metadata(tenant)
+        self.inference = inference_pb2_grpc.InferenceStub(self.channel)
+        self.cache = cache_pb2_grpc.CacheStub(self.channel)
+        self.health_stub = health_pb2_grpc.HealthStub(self.channel)
+        self.held = HeldImages()
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def generate(
+        self, request: inference_pb2.GenerateRequest, *, timeout: float | None = None
+    ) -> Generator[inference_pb2.GenerateResponse, None, None]:
+        """The raw stream: deltas, then one final message; closing it early (``close()``, or
+        leaving a ``for`` loop over it) cancels the call."""
+        attempts = Attempts(self.held, request)
+        while True:
+            streamed = False
+            call = self.inference.Generate(
+                attempts.current, timeout=timeout or self.timeout, metadata=self.metadata
+            )
+            try:
+                for event in call:
+                    streamed = True
+                    if event.HasField("final"):
+                        self.held.learn(event.final)
+                    yield event
+                return
+            except grpc.RpcError as error:
+                if not attempts.resend_with_bytes(error, streamed=streamed):
+                    raise
+            finally:
+                call.cancel()
+
+    def stream_text(self, prompt: str | None = None, **options: Any) -> Iterator[str]:
+        for event in self.generate(build_request(prompt, **options)):
+            if event.HasField("delta"):
+                yield event.delta.text
+
+    def complete(
+        self, prompt: str | None = None, *, timeout: float | None = None, **options: Any
+    ) -> inference_pb2.CompleteResponse:
+        return self.complete_request(build_request(prompt, **options), timeout=timeout)
+
+    def complete_request(
+        self, request: inference_pb2.GenerateRequest, *, timeout: float | None = None
+    ) -> inference_pb2.CompleteResponse:
+        attempts = Attempts(self.held, request)
+        while True:
+            try:
+                response: inference_pb2.CompleteResponse = self.inference.Complete(
+                    attempts.current, timeout=timeout or self.timeout, metadata=self.metadata
+                )
+            except grpc.RpcError as error:
+                if not attempts.resend_with_bytes(error):
+                    raise
+            else:
+                self.held.learn(response.final)
+                return response
+
+    def prefetch(self, data: bytes, mime_type: str = "") -> cache_pb2.PrefetchResponse:
+        """Warm the server's cache with an image; later requests send only its digest."""
+        response: cache_pb2.PrefetchResponse = self.cache.Prefetch(
+            cache_pb2.PrefetchRequest(data=data, mime_type=mime_type),
+            timeout=self.timeout,
+            metadata=self.metadata,
+        )
+        self.held.add(response.digest)
+        return response
+
+    def stats(self) -> cache_pb2.GetStatsResponse:
+        response: cache_pb2.GetStatsResponse = self.cache.GetStats(
+            cache_pb2.GetStatsRequest(), timeout=self.timeout, metadata=self.metadata
+        )
+        return response
+
+    def inspect(self, key: str = "", *, digest: str = "") -> cache_pb2.InspectResponse:
+        """A cache key's entry, or (``digest``) every stage of an image."""
+        response: cache_pb2.InspectResponse = self.cache.Inspect(
+            cache_pb2.InspectRequest(key=key, digest=digest),
+            timeout=self.timeout,
+            metadata=self.metadata,
+        )
+        return response
+
+    def invalidate(self, key: str = "", *, digest: str = "") -> bool:
+        """Drop a cache key, or (``digest``) every stage of an image."""
+        response: cache_pb2.InvalidateResponse = self.cache.Invalidate(
+            cache_pb2.InvalidateRequest(key=key, digest=digest),
+            timeout=self.timeout,
+            metadata=self.metadata,
+        )
+        return response.removed
+
+    def health(self, service: str = "") -> int:
+        response: health_pb2.HealthCheckResponse = self.health_stub.Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=self.timeout
+        )
+        status: int = response.status
+        return status
+
+
+__all__ = ["SyncClient"]
