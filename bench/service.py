@@ -6,7 +6,7 @@
 
 Contenders, run one after the other (never two engines at once), each on its own fresh engine
 with the same arguments: ``EngineWorker(Settings().engine, model).engine_args()``, i.e. mmgate's
-defaults (bf16, max_model_len 2048, max_num_seqs 32, 1 GiB of KV cache, enforce_eager):
+defaults (float32 on a CPU, max_model_len 2048, max_num_seqs 32, 1 GiB of KV cache, enforce_eager):
   in-process   ``AsyncLLM.from_engine_args`` in this process; each request renders the chat
                template and tokenizes (as mmgate does) and passes the ids as a ``TokensPrompt``,
                SamplingParams(max_tokens=64, temperature=0, ignore_eos=True, DELTA outputs)

@@ -42,7 +42,7 @@ from ..observability.metric_families import Snapshot
 from ..observability.metrics import Metrics
 from ..observability.tracing import Tracing
 from ..pipeline.generation import Pipeline
-from ..pipeline.media import MediaStage, media_stage
+from ..pipeline.media import media_stage
 from ..proto.mmgate.v1 import cache_pb2, cache_pb2_grpc, inference_pb2, inference_pb2_grpc
 from .cache_service import CacheServicer
 from .inference import InferenceServicer
@@ -128,9 +128,16 @@ class MmgateServer:
         if not self.engine.model_path:
             # the first start converts the embedded default model (~20 s): off the loop
             self.engine.use_model(await asyncio.to_thread(resolve_model, self.settings))
-        encoder = await asyncio.to_thread(self._plan_media)
+        encoder, placeholder_tokens = await asyncio.to_thread(self._plan_media)
         await self.engine.start()
-        media = self._media_stage(encoder)
+        media = media_stage(
+            self.settings.media,
+            self.cache,
+            self.engine.model_name,
+            takes_images=self.engine.takes_images,
+            encoder=encoder,
+            placeholder_tokens=placeholder_tokens,
+        )
         self.pipeline.use_media(media)
         log.info("media mode: %s (%s)", media.mode, media.description)
         await self.refresh_health()
@@ -154,24 +161,13 @@ class MmgateServer:
             max_concurrent_requests=self.settings.max_concurrent_requests,
         )
 
-    def _media_stage(self, encoder: VisionEncoder | None) -> MediaStage:
-        takes_images = self.engine.takes_images
-        return media_stage(
-            self.settings.media,
-            self.cache,
-            self.engine.model_name,
-            takes_images=takes_images,
-            encoder=encoder,
-            placeholder_tokens=image_tokens(model_config(self.engine.model_path))
-            if takes_images
-            else 1,
-        )
-
-    def _plan_media(self) -> VisionEncoder | None:
-        """Before the engine starts: whether it takes images, and the encoder mmgate runs."""
+    def _plan_media(self) -> tuple[VisionEncoder | None, int]:
+        """Before the engine starts (in a thread: it reads the model's files): the encoder
+        mmgate runs, if any, and the tokens one image placeholder takes in the engine."""
         settings = self.settings.media
-        if "vision_config" not in model_config(self.engine.model_path):
-            return None
+        config = model_config(self.engine.model_path)
+        if "vision_config" not in config:
+            return None, 1
         encoder = None
         if settings.mode != "pixels":
             try:
@@ -192,7 +188,7 @@ class MmgateServer:
         self.engine.accept_images(
             per_prompt=settings.max_images_per_request, embeddings=encoder is not None
         )
-        return encoder
+        return encoder, image_tokens(config)
 
     async def refresh_health(self) -> None:
         """Set every health service from the actor's ping and the engine (the monitor's step)."""
