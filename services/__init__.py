@@ -1,0 +1,1 @@
+"""mmgate's gRPC service, in layers: docs/architecture.md is the map."""

@@ -140,7 +140,7 @@ class MmgateServer:
         )
         self.pipeline.use_media(media)
         log.info("media mode: %s (%s)", media.mode, media.description)
-        await self.refresh_health()
+        await self._update_health()
         self._monitor = asyncio.create_task(self._watch(), name="mmgate-health")
         log.info("serving %s on %s:%d", self.engine.model_name, self.settings.host, self.port)
 
@@ -190,7 +190,7 @@ class MmgateServer:
         )
         return encoder, image_tokens(config)
 
-    async def refresh_health(self) -> None:
+    async def _update_health(self) -> None:
         """Set every health service from the actor's ping and the engine (the monitor's step)."""
         try:
             await self.cache.ping(timeout=HEALTH_INTERVAL_SECONDS)
@@ -204,7 +204,7 @@ class MmgateServer:
 
     async def _watch(self) -> None:
         while not self._stopping:
-            await self.refresh_health()
+            await self._update_health()
             try:
                 await asyncio.wait_for(self._stopped.wait(), HEALTH_INTERVAL_SECONDS)
             except TimeoutError:
