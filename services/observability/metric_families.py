@@ -1,8 +1,8 @@
 """What a scrape exports from the service's state: a ``Snapshot`` in, Prometheus families out.
 
-Names follow docs/observability.md: the prefix ``mmgate_``, base units, ``_total`` on counters only. The one
-exception is ``vllm_cache_hit_rate``, which existing dashboards scrape: the page level's ratio.
-docs/observability.md lists every series.
+Names follow docs/observability.md, which lists every series: the prefix ``mmgate_``, base units,
+``_total`` on counters only. The one exception is ``vllm_cache_hit_rate``, which existing
+dashboards scrape: the page level's ratio.
 """
 
 from __future__ import annotations

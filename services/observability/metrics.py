@@ -14,8 +14,8 @@ is taken on the event loop, the only thread
 that touches their state; a loop too busy to answer within ``SNAPSHOT_TIMEOUT_SECONDS`` gets a
 scrape without those series, counted in ``mmgate_metrics_stale_scrapes_total``.
 
-The three cache levels, as operators read them (docs/observability.md): ``page`` (KV-cache tokens found
-resident in the engine), ``prefix`` (requests that reused a cached prefix), ``media`` (images
+The three cache levels, as operators read them (docs/observability.md): ``page`` (KV-cache tokens
+found resident in the engine), ``prefix`` (requests that reused a cached prefix), ``media`` (images
 served by mmgate's cache), each with counters and a ratio in ``mmgate_cache_hit_ratio{level}``.
 ``vllm_cache_hit_rate``, which existing dashboards scrape, is the page level's ratio.
 """

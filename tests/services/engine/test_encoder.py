@@ -29,7 +29,8 @@ from services.models import IMAGE_TOKEN, TINY_LLAVA_IMAGE_SIZE, build_tiny_llava
 # The engine's tests share one loop: vLLM's output handler runs on the first request's loop.
 shared_loop = pytest.mark.asyncio(loop_scope="module")
 
-DTYPE = "float32"  # see services.models.tiny_llava: bf16 kernels differ enough to flip greedy tokens
+# see services.models.tiny_llava: bf16 kernels differ enough to flip greedy tokens
+DTYPE = "float32"
 MiB = 1024 * 1024
 MAX_TOKENS = 12
 REQUEST_TIMEOUT = 60.0
