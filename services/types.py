@@ -8,7 +8,7 @@ into (snapshots are copies).
     api/validation ─▶ GenerationRequest (Sampling, ChatTurn, ImageInput)
     pipeline       ─▶ RenderedPrompt, EngineImages, LookupReport, ImageReport ─▶ Finished
                    ─▶ EngineRequest ─▶ engine
-    engine         ─▶ EngineDelta (EngineTimes) ─▶ pipeline, observability's EngineTrace
+    engine         ─▶ EngineDelta ─▶ pipeline; EngineTimes (once, at the end) ─▶ EngineTrace
     engine, media  ─▶ EngineStats, EngineTokenStats, MediaStats ─▶ metrics, GetStats
 """
 
@@ -164,7 +164,6 @@ class EngineDelta:
     num_cached_tokens: int = 0
     # the prompt as the engine ran it: each image placeholder expanded to the image's tokens
     prompt_tokens: int = 0
-    times: EngineTimes | None = None
 
 
 @final

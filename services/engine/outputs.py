@@ -22,12 +22,13 @@ def delta_of(output: Any) -> EngineDelta:
         finish_reason=(completion.finish_reason or "") if output.finished else None,
         num_cached_tokens=output.num_cached_tokens or 0,
         prompt_tokens=len(output.prompt_token_ids or ()),
-        times=_times(output.metrics),
     )
 
 
-def _times(metrics: Any) -> EngineTimes | None:
+def times_of(output: Any) -> EngineTimes | None:
+    """vLLM's timestamps of the request, as its latest output has them (None: not kept)."""
     # vLLM keeps per-request stats unless disable_log_stats; the timestamps are 0 until reached
+    metrics = output.metrics
     if metrics is None or not getattr(metrics, "queued_ts", 0.0):
         return None
     return EngineTimes(

@@ -21,7 +21,7 @@ from ..config import EngineSettings
 from ..errors import EngineUnavailable
 from ..observability.spans import EngineTrace
 from ..types import EngineDelta, EngineRequest, EngineStats, EngineTokenStats
-from .outputs import delta_of
+from .outputs import delta_of, times_of
 from .stats import Counters, TokenCounters, stats_recorder_factory
 from .tensors import engine_image_data
 
@@ -196,10 +196,12 @@ class EngineWorker:
             trace_headers=span.headers(request.trace_headers) if self.vllm_traces else None,
         )
         error: BaseException | None = None
+        last: Any = None
         try:
             # aclosing: leaving early closes vLLM's generator now, which aborts the request
             async with contextlib.aclosing(outputs):
                 async for output in outputs:
+                    last = output
                     delta = delta_of(output)
                     span.observe(delta)
                     finished = delta.finish_reason is not None
@@ -209,7 +211,7 @@ class EngineWorker:
             error = exc
             raise
         finally:
-            span.end(error)
+            span.end(error, times_of(last) if last is not None else None)
             # Counted here: vLLM reports an aborted request among its finished ones only
             # sometimes (when its final "abort" output was delivered before the close).
             if not finished or finish_reason == "abort":

@@ -75,7 +75,6 @@ class EngineTrace:
         "_outputs",
         "_prompt_tokens",
         "_started_at",
-        "_times",
         "_tracer",
         "span",
     )
@@ -83,7 +82,6 @@ class EngineTrace:
     def __init__(self, span: Span | None, tracer: Tracer | None = None) -> None:
         self.span = span
         self._tracer = tracer
-        self._times: EngineTimes | None = None
         self._outputs = 0
         self._prompt_tokens = 0
         self._cached = 0
@@ -149,10 +147,9 @@ class EngineTrace:
         self._cached = delta.num_cached_tokens or self._cached
         if delta.finish_reason is not None:
             self._finish = delta.finish_reason
-        if delta.times is not None:
-            self._times = delta.times
 
-    def end(self, error: BaseException | None = None) -> None:
+    def end(self, error: BaseException | None = None, times: EngineTimes | None = None) -> None:
+        """End the span; ``times``: vLLM's timestamps of the request, for its phases."""
         current = self.span
         if current is None:
             return
@@ -173,15 +170,14 @@ class EngineTrace:
             current.set_attribute("error.type", type(error).__qualname__)
             current.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
         if current.is_recording():
-            self._phases(current)
+            self._phases(current, times)
         current.end()
 
-    def _phases(self, parent: Span) -> None:
+    def _phases(self, parent: Span, times: EngineTimes | None) -> None:
         """Child spans for the engine's phases, placed with vLLM's own timestamps."""
         # engine-core timestamps are time.monotonic() of the engine core process: the same
         # clock as this process's on one machine
         offset_ns = time.time_ns() - time.monotonic_ns()
-        times = self._times
         if times is not None:
             points = {
                 "queued": times.queued,
