@@ -108,7 +108,11 @@ class EngineImages:
 @final
 @dataclass(frozen=True, slots=True)
 class EngineRequest:
-    """One run of the engine: a tokenized prompt, its sampling and images, under mmgate's id."""
+    """One run of the engine: a tokenized prompt, its sampling and images, under mmgate's id.
+
+    ``request_id`` is mmgate's own and unique: two callers that send the same id never share (or
+    abort) each other's engine request. ``label`` is the caller's id, for spans and logs only.
+    """
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
@@ -116,6 +120,7 @@ class EngineRequest:
     images: EngineImages | None = None
     # W3C trace context for vLLM's own spans (traceparent, tracestate)
     trace_headers: Mapping[str, str] | None = None
+    label: str = ""
 
 
 @final

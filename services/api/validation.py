@@ -24,7 +24,7 @@ from ..types import CachePolicy, ChatTurn, GenerationRequest, ImageInput, Sampli
 from ..wire import IMAGE_PLACEHOLDER, MIME_TYPES, is_digest
 
 ROLES = frozenset({"system", "user", "assistant"})
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
 MAX_STOP_CHARS = 256
 
 
@@ -103,7 +103,8 @@ def validate(
         _images(request.images, texts, text_field, settings, bad)
 
     request_id = request.request_id
-    if request_id and not _REQUEST_ID.match(request_id):
+    # fullmatch: "$" would let a trailing newline through, into logs and spans
+    if request_id and not _REQUEST_ID.fullmatch(request_id):
         bad("request_id", "1 to 128 characters of letters, digits and ._:/-")
     if request.cache_policy not in _POLICIES:
         bad("cache_policy", f"unknown value {request.cache_policy}")

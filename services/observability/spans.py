@@ -101,7 +101,9 @@ class EngineTrace:
             "gen_ai.provider.name": PROVIDER,
             "gen_ai.request.model": model,
             "gen_ai.response.model": model,
-            "gen_ai.response.id": request.request_id,
+            # the caller's id where it gave one; the engine's own id beside it
+            "gen_ai.response.id": request.label or request.request_id,
+            "mmgate.engine.request_id": request.request_id,
             "gen_ai.request.max_tokens": sampling.max_tokens,
             "mmgate.engine.prompt_tokens": len(request.prompt_token_ids),
             "mmgate.engine.images": len(images.items) if images is not None else 0,

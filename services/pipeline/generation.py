@@ -16,6 +16,7 @@ deadline) closes every generator down to the engine's, which aborts the engine r
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import AsyncGenerator
 from typing import final
 
@@ -30,6 +31,11 @@ from .media import MediaStage, NotReady
 from .prompts import PromptStage
 from .request import Request
 from .responses import SharedResponses
+
+
+def engine_request_id() -> str:
+    """An engine request id of mmgate's own: no caller can name (or abort) another's."""
+    return f"mmgate-{uuid.uuid4().hex}"
 
 
 @final
@@ -73,7 +79,8 @@ class Pipeline:
         else:
             stream = engine.generate(
                 EngineRequest(
-                    request_id=checked.request_id,
+                    request_id=engine_request_id(),
+                    label=checked.request_id,
                     prompt_token_ids=prompt.token_ids,
                     sampling=sampling,
                     images=images,

@@ -99,7 +99,7 @@ class SharedResponses:
         }
         key = cache_key(self.engine.model_name, "response", payload)
         run = EngineRequest(
-            request_id=f"shared-{uuid.uuid4().hex}",
+            request_id=f"mmgate-shared-{uuid.uuid4().hex}",
             prompt_token_ids=prompt.token_ids,
             sampling=sampling,
             images=images,

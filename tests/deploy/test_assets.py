@@ -178,7 +178,8 @@ def test_dashboard_queries_name_only_exported_or_recorded_series(
             assert names, f"{panel['title']!r}: {expr}"
             assert names <= known, f"{panel['title']!r} queries unknown {names - known}"
             queried |= names
-    # the panels: hit ratio per level, lookups by outcome, actor health, TTFT, tokens, gRPC
+    # the panels an operator needs: hit ratio per level, lookups by outcome, actor health, TTFT,
+    # tokens, gRPC
     assert {
         "mmgate:cache_hit_ratio:rate5m",
         "mmgate:cache_media_lookups:rate5m",

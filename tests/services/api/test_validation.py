@@ -136,3 +136,19 @@ def test_validation_never_crashes(
         assert checked.sampling.max_tokens < MAX_MODEL_LEN
         assert 0 < (checked.sampling.top_p or 1) <= 1
         assert prompt.strip()
+
+
+@pytest.mark.parametrize("request_id", ["abc\n", "abc\r\n", "abc\ninjected log line"])
+def test_a_request_id_with_a_line_break_is_refused(request_id: str) -> None:
+    request = pb.GenerateRequest(prompt="hi", request_id=request_id)
+    assert fields_of(request) == {"request_id"}
+
+
+def test_a_digest_with_a_trailing_newline_is_refused() -> None:
+    digest = "sha256:" + "a" * 64
+    request = pb.GenerateRequest(prompt="<image>?", images=[pb.Image(digest=digest + "\n")])
+    with pytest.raises(InvalidRequest) as caught:
+        validate(request, SETTINGS, max_model_len=MAX_MODEL_LEN, takes_images=True)
+    assert {v.field for v in caught.value.violations} == {"images[0].digest"}
+    fine = pb.GenerateRequest(prompt="<image>?", images=[pb.Image(digest=digest)])
+    assert validate(fine, SETTINGS, max_model_len=MAX_MODEL_LEN, takes_images=True).images
