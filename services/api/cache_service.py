@@ -99,10 +99,9 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
                 raise InvalidRequest(violations)
             remaining = context.time_remaining()
             timeout = self.settings.default_deadline_seconds if remaining is None else remaining
+            tenant = tenant_of(context)  # its violation names the header, not `data`
             try:
-                report = await self.pipeline.media.prefetch(
-                    image_input(0, image), tenant_of(context), timeout
-                )
+                report = await self.pipeline.media.prefetch(image_input(0, image), tenant, timeout)
             except InvalidRequest as invalid:
                 # the stage names the image as in a GenerateRequest; here it is `data`
                 raise InvalidRequest(

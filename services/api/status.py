@@ -139,11 +139,17 @@ def from_exception(exc: BaseException) -> ServiceError:
         return ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), reason=OVERLOADED)
     if isinstance(exc, CacheActorDead):
         return ServiceError(grpc.StatusCode.UNAVAILABLE, str(exc), reason=CACHE_UNAVAILABLE)
-    if isinstance(exc, EngineUnavailable) or type(exc).__name__ == "EngineDeadError":
+    if isinstance(exc, EngineUnavailable):
         return ServiceError(
             grpc.StatusCode.UNAVAILABLE,
-            str(exc) or "engine is not available",
+            str(exc) or "the engine is not available",
             reason=ENGINE_UNAVAILABLE,
+        )
+    if type(exc).__name__ == "EngineDeadError":
+        # vLLM's own words point at its log ("See stack trace (above)"): the log has them
+        log.error("the engine has failed: %s", exc)
+        return ServiceError(
+            grpc.StatusCode.UNAVAILABLE, "the engine has failed", reason=ENGINE_UNAVAILABLE
         )
     log.exception("request failed", exc_info=exc)
     return ServiceError(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")

@@ -9,6 +9,7 @@ CPU-bound and synchronous: the media stage runs ``decode`` in a worker thread.
 from __future__ import annotations
 
 import io
+import re
 from dataclasses import dataclass
 from typing import Final, final
 
@@ -20,6 +21,9 @@ from ...wire import MIME_TYPES
 # mime type -> Pillow's format name; nothing else is decoded (Pillow knows ~40 formats, each a
 # parser an attacker could aim at)
 FORMATS: Final = dict(zip(MIME_TYPES, ("PNG", "JPEG", "WEBP"), strict=True))
+# Pillow names the file object it read in some messages ("<_io.BytesIO object at 0x7f...>"): an
+# address of this process, no business of the client's
+_OBJECT_REPR: Final = re.compile(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>")
 
 
 def sniff(data: bytes) -> str | None:
@@ -58,7 +62,8 @@ def decode(data: bytes, mime_type: str, *, max_pixels: int, min_side: int) -> Im
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
         if isinstance(exc, ImageRejected):
             raise
-        raise ImageRejected(f"corrupt {sniffed} image: {exc}") from None
+        reason = _OBJECT_REPR.sub("", str(exc)) or type(exc).__name__
+        raise ImageRejected(f"corrupt {sniffed} image: {reason}") from None
 
 
 @final

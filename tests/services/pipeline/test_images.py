@@ -19,6 +19,7 @@ from services.config import Settings
 from services.models import build_tiny_llava, engine_settings
 from services.pipeline.media import PixelsStage
 from services.proto.mmgate.v1 import inference_pb2 as pb
+from services.wire import TENANT_HEADER
 
 from ..conftest import error_details, violated_fields
 from ..imagegen import corrupt_png, png, png_bomb
@@ -242,6 +243,14 @@ async def test_prefetch_names_the_bad_field(client: MmgateClient) -> None:
         await client.prefetch(corrupt_png(9))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert violated_fields(caught.value) == {"data"}
+
+
+async def test_prefetch_names_a_bad_tenant_header_as_such(server: MmgateServer) -> None:
+    async with MmgateClient(f"127.0.0.1:{server.port}", tenant="no spaces!", timeout=30) as bad:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await bad.prefetch(png(10))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert violated_fields(caught.value) == {TENANT_HEADER}
 
 
 async def test_the_cli_sends_an_image_file_and_shows_the_mode(
