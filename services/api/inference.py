@@ -147,7 +147,7 @@ def _message(event: EngineDelta | Finished) -> pb.GenerateResponse:
                 lookups=[_lookup(report) for report in event.lookups],
                 cached_prompt_tokens=event.cached_prompt_tokens,
                 response_from_cache=event.response_from_cache,
-                images=[image_report(report) for report in event.images],
+                images=[_image_report(report) for report in event.images],
             ),
             request_id=event.request_id,
             model=event.model,
@@ -165,10 +165,10 @@ def _lookup(report: LookupReport) -> pb.CacheLookup:
     )
 
 
-def image_report(report: ImageReport) -> pb.ImageReport:
+def _image_report(report: ImageReport) -> pb.ImageReport:
     return pb.ImageReport(
         digest=report.digest, outcome=report.outcome, tier=report.tier, form=report.form
     )
 
 
-__all__ = ["InferenceServicer", "image_report"]
+__all__ = ["InferenceServicer"]

@@ -179,7 +179,7 @@ class EngineWorker:
                 if (value := getattr(sampling, name)) is not None
             },
         )
-        finished = False
+        # set once vLLM says the request finished ("abort" included); None: it is still running
         finish_reason: str | None = None
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
         if images is not None and images.items:
@@ -204,7 +204,6 @@ class EngineWorker:
                     last = output
                     delta = delta_of(output)
                     span.observe(delta)
-                    finished = delta.finish_reason is not None
                     finish_reason = delta.finish_reason
                     yield delta
         except BaseException as exc:
@@ -214,9 +213,9 @@ class EngineWorker:
             span.end(error, times_of(last) if last is not None else None)
             # Counted here: vLLM reports an aborted request among its finished ones only
             # sometimes (when its final "abort" output was delivered before the close).
-            if not finished or finish_reason == "abort":
+            if finish_reason is None or finish_reason == "abort":
                 self._counters.aborted += 1
-            if not finished and not self._closed:
+            if finish_reason is None and not self._closed:
                 # vLLM's iterator aborts on cancellation and on close itself; this covers
                 # anything else, and does nothing for a request already gone.
                 await asyncio.shield(engine.abort(request_id))
