@@ -47,6 +47,7 @@ from ..proto.mmgate.v1 import cache_pb2, cache_pb2_grpc, inference_pb2, inferenc
 from .cache_service import CacheServicer
 from .inference import InferenceServicer
 from .interceptors.metrics import metrics_interceptors
+from .interceptors.parsing import ParsingInterceptor
 from .interceptors.tracing import tracing_interceptors
 
 log = logging.getLogger("mmgate.server")
@@ -88,8 +89,13 @@ class MmgateServer:
             settings, self.cache, self.pipeline, engine_stats=self.engine.stats
         )
         self.server = grpc.aio.server(
-            # tracing outermost: its server span covers the metrics interceptor's work too
-            interceptors=[*tracing_interceptors(self.tracing), *metrics_interceptors(self.metrics)],
+            # tracing outermost: its server span covers the metrics interceptor's work too;
+            # parsing innermost: both see the status of a request that is not a message
+            interceptors=[
+                *tracing_interceptors(self.tracing),
+                *metrics_interceptors(self.metrics),
+                ParsingInterceptor(),
+            ],
             options=[
                 # messages up to twice the limit reach validation, which names the field;
                 # beyond that gRPC itself answers RESOURCE_EXHAUSTED
