@@ -143,6 +143,10 @@ class MetricsSettings(BaseModel):
     """Address of the metrics HTTP server."""
     port: int = Field(9464, ge=0, le=65535)
     """Port of the metrics HTTP server (0: any free port)."""
+    read_timeout_seconds: float = Field(10.0, gt=0)
+    """A connection that has not sent its request (or read the answer) in this long is closed."""
+    max_connections: int = Field(64, gt=0)
+    """Open connections to the metrics port beyond this are closed at once."""
 
 
 class Settings(BaseSettings):

@@ -5,7 +5,7 @@
     vLLM step ──▶ EngineWorker's stat logger ──▶ EngineStats, EngineTokenStats      │
     actor ──▶ CacheStats, media pipeline ──▶ MediaStats                             │
                                                                                     ▼
-    scrape (prometheus_client's HTTP thread) ── snapshot(), taken on the event loop ──▶ text
+    scrape (http.py's own thread and loop) ── snapshot(), taken on the event loop ──▶ text
 
 What the actor, the engine and the media stage count already is read from their snapshots at
 scrape time (no second bookkeeping), through the snapshot function the server hands to
@@ -28,14 +28,14 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, final
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from cache_actor import LookupEvent, LookupHook
 
 from ..config import Settings
+from .http import MetricsHTTPServer
 from .lookups import current_stage, lookup_outcome
 from .metric_families import LookupKey, Snapshot, families
 
@@ -127,7 +127,7 @@ class Metrics:
         self._take: Callable[[], Snapshot] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
-        self._http: tuple[WSGIServer, threading.Thread] | None = None
+        self._http: MetricsHTTPServer | None = None
         # counted by the scraping threads (several scrapes may run at once)
         self.stale_scrapes = 0
         self._stale_lock = threading.Lock()
@@ -143,20 +143,21 @@ class Metrics:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         settings = self.settings.metrics
-        httpd, thread = start_http_server(settings.port, settings.host, registry=self.registry)
-        self._http = (httpd, thread)
-        self.port = httpd.server_address[1]
+        http = MetricsHTTPServer(
+            self.registry,
+            read_timeout=settings.read_timeout_seconds,
+            max_connections=settings.max_connections,
+        )
+        http.start(settings.host, settings.port)
+        self._http = http
+        self.port = http.port
         log.info("metrics on http://%s:%d/metrics", settings.host, self.port)
 
     def stop(self) -> None:
         if self._http is None:
             return
-        httpd, thread = self._http
-        self._http = None
-        # returns within serve_forever's poll interval (0.5 s)
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
+        http, self._http = self._http, None
+        http.stop()
 
     # ── scrapes ─────────────────────────────────────────────────────────────────────────────
 

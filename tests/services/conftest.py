@@ -29,6 +29,8 @@ def server(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         tmp_path_factory.mktemp("logs"),
         tiny_model,
         MMGATE_MAX_CONCURRENT_REQUESTS="16",
+        # the idle-connection test waits for it
+        MMGATE_METRICS__READ_TIMEOUT_SECONDS="2",
     )
     yield running
     assert running.stop() == 0, running.log()
