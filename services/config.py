@@ -149,6 +149,26 @@ class MetricsSettings(BaseModel):
     """Open connections to the metrics port beyond this are closed at once."""
 
 
+class HealthSettings(BaseModel):
+    """What turns health NOT_SERVING, and how soon (see docs/service.md, "Health")."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    interval_seconds: float = Field(1.0, gt=0)
+    """How often health is re-evaluated (the actor pinged, the engine's progress read)."""
+    engine_stall_seconds: float = Field(20.0, gt=0)
+    """Requests in flight and no engine step for this long: readiness NOT_SERVING until steps
+    resume."""
+    engine_hung_seconds: float = Field(120.0, gt=0)
+    """No engine step for this long with requests in flight: liveness fails (as it does at
+    once when the engine has died), so the orchestrator restarts the pod."""
+    loop_block_seconds: float = Field(2.0, gt=0)
+    """The event loop has not answered the heartbeat thread for this long: logged with the
+    stack it is stuck in, and readiness NOT_SERVING."""
+    loop_recover_seconds: float = Field(5.0, ge=0)
+    """Readiness stays NOT_SERVING this long after a blocked loop moves again."""
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="MMGATE_",
@@ -171,6 +191,7 @@ class Settings(BaseSettings):
     media: MediaSettings = Field(default_factory=MediaSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
     max_message_bytes: int = Field(32 * MiB, gt=0)
     """Largest request; up to twice this gets INVALID_ARGUMENT, beyond that gRPC refuses it."""
     max_prompt_chars: int = Field(200_000, gt=0)

@@ -213,6 +213,21 @@ class EngineStats:
         return self.prefix_cache_hits / queries if queries else 0.0
 
 
+EngineState = Literal["starting", "serving", "stalled", "hung", "failed", "stopped"]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class EngineHealth:
+    """The engine as the watchdog sees it, from mmgate's own bookkeeping (true when the engine
+    has gone silent); see services/engine/progress.py."""
+
+    state: EngineState
+    in_flight: int
+    seconds_since_step: float
+    stalls: int
+
+
 @final
 @dataclass(frozen=True, slots=True)
 class EngineTokenStats:
@@ -245,8 +260,10 @@ __all__ = [
     "CachePolicy",
     "ChatTurn",
     "EngineDelta",
+    "EngineHealth",
     "EngineImages",
     "EngineRequest",
+    "EngineState",
     "EngineStats",
     "EngineTimes",
     "EngineTokenStats",

@@ -17,12 +17,14 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
+import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.client import MmgateClient
@@ -37,6 +39,22 @@ async def until(predicate: Callable[[], bool], limit: int = 10_000) -> None:
             return
         await asyncio.sleep(0)
     raise AssertionError("condition never held")
+
+
+async def eventually(
+    predicate: Callable[[], Awaitable[bool]], timeout: float, interval: float = 0.05
+) -> float:
+    """Poll another process's state until ``predicate`` holds; the seconds it took.
+
+    For state this process cannot wait on (a server's health, its stats): polling with a
+    deadline, never a sleep that stands in for an event.
+    """
+    started = time.monotonic()
+    while not await predicate():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"condition did not hold within {timeout:g} s")
+        await asyncio.sleep(interval)
+    return time.monotonic() - started
 
 
 def assert_no_leaked_tasks() -> None:
@@ -188,6 +206,30 @@ def start_server(log_dir: Path, model: str | None, **settings: str) -> RunningSe
             process.wait(timeout=30)
         raise
     return server
+
+
+def engine_core(server: RunningServer) -> psutil.Process | None:
+    """The server's vLLM engine core process (a spawned child), if it is still there."""
+    try:
+        children = psutil.Process(server.process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return None
+    for child in children:
+        try:
+            command = " ".join(child.cmdline())
+            title = child.name()
+        except psutil.Error:
+            continue
+        if "EngineCore" in title or "EngineCore" in command:
+            return child
+    for child in children:  # without setproctitle: the spawned child that is no helper
+        try:
+            command = " ".join(child.cmdline())
+        except psutil.Error:
+            continue
+        if "spawn_main" in command and "resource_tracker" not in command:
+            return child
+    return None
 
 
 def wait_until_serving(server: RunningServer) -> None:

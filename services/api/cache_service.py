@@ -18,7 +18,7 @@ from ..pipeline.generation import Pipeline
 from ..proto.mmgate.v1 import cache_pb2 as pb
 from ..proto.mmgate.v1 import cache_pb2_grpc
 from ..proto.mmgate.v1 import inference_pb2 as inference_pb
-from ..types import EngineStats
+from ..types import EngineHealth, EngineStats
 from ..wire import is_digest
 from .metadata import tenant_of
 from .status import abort, from_exception
@@ -62,11 +62,13 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         cache: CacheActor,
         pipeline: Pipeline,
         engine_stats: Callable[[], EngineStats],
+        engine_health: Callable[[], EngineHealth],
     ) -> None:
         self.settings = settings
         self.cache = cache
         self.pipeline = pipeline
         self.engine_stats = engine_stats
+        self.engine_health = engine_health
 
     async def GetStats(
         self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext
@@ -87,6 +89,7 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
             model=self.pipeline.engine.model_name,
             media_mode=media.mode,
             media=pb.MediaStats(**dataclasses.asdict(media.stats)),
+            engine_health=pb.EngineHealth(**dataclasses.asdict(self.engine_health())),
         )
 
     async def Prefetch(

@@ -7,14 +7,15 @@
     start:    cache actor ─▶ gRPC port open (health NOT_SERVING, liveness SERVING)
               ─▶ model prepared (in a thread) ─▶ vision encoder loaded (embeddings mode)
               ─▶ engine started (in a thread) ─▶ the media stage chosen ─▶ health SERVING
-    running:  a monitor pings the actor and checks the engine every second; health follows
+    running:  the health monitor (health.py) pings the actor, watches the engine's progress and
+              hears the loop's heartbeat; health follows
     SIGTERM:  health NOT_SERVING ─▶ new calls refused (UNAVAILABLE) ─▶ in-flight calls get the
               grace period ─▶ the rest cancelled ─▶ shared-response producers, engine and actor
               closed ─▶ nothing left running
 
 Health services: "" (overall) and each mmgate service follow readiness; "liveness" says the
-process is responsive (the cache actor answers its mailbox), "readiness" that it can serve
-(engine ready, actor alive, not shutting down).
+process is worth keeping (the cache actor answers, the engine has neither died nor hung),
+"readiness" that it can serve now (engine stepping, loop not blocked, not shutting down).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from cache_actor import CacheActor, CacheActorDead
+from cache_actor import CacheActor
 
 from ..config import Settings
 from ..engine.encoder import VisionEncoder
@@ -45,6 +46,7 @@ from ..pipeline.generation import Pipeline
 from ..pipeline.media import media_stage
 from ..proto.mmgate.v1 import cache_pb2, cache_pb2_grpc, inference_pb2, inference_pb2_grpc
 from .cache_service import CacheServicer
+from .health import HealthMonitor
 from .inference import InferenceServicer
 from .interceptors.metrics import metrics_interceptors
 from .interceptors.parsing import ParsingInterceptor
@@ -54,11 +56,6 @@ log = logging.getLogger("mmgate.server")
 
 INFERENCE = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
 CACHE = cache_pb2.DESCRIPTOR.services_by_name["Cache"].full_name
-LIVENESS = "liveness"
-READINESS = "readiness"
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-HEALTH_INTERVAL_SECONDS = 1.0
 
 
 def resolve_model(settings: Settings) -> str:
@@ -83,10 +80,17 @@ class MmgateServer:
         )
         self.engine = EngineWorker(settings.engine, model)
         self.health = HealthServicer()
+        self.monitor = HealthMonitor(
+            settings.health, self.health, self.cache, self.engine, (INFERENCE, CACHE)
+        )
         self.pipeline = Pipeline(settings, self.engine, self.cache)
         self.inference = InferenceServicer(settings, self.pipeline)
         self.cache_service = CacheServicer(
-            settings, self.cache, self.pipeline, engine_stats=self.engine.stats
+            settings,
+            self.cache,
+            self.pipeline,
+            engine_stats=self.engine.stats,
+            engine_health=self.monitor.engine_health,
         )
         self.server = grpc.aio.server(
             # tracing outermost: its server span covers the metrics interceptor's work too;
@@ -117,19 +121,16 @@ class MmgateServer:
             self.server,
         )
         self.port = self.server.add_insecure_port(f"{settings.host}:{settings.port}")
-        self._monitor: asyncio.Task[None] | None = None
         self._stopping = False
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
         """Open the port at once (health NOT_SERVING), then start the engine."""
         self.cache.start()
-        for service in ("", INFERENCE, CACHE, READINESS):
-            await self.health.set(service, NOT_SERVING)
-        await self.health.set(LIVENESS, SERVING)
+        await self.monitor.starting()
         await self.server.start()
         if self.metrics.enabled:
-            self.metrics.start(self.snapshot)
+            self.metrics.start(self.snapshot, self.monitor.heartbeat)
         log.info("listening on %s:%d; starting the engine", self.settings.host, self.port)
         if not self.engine.model_path:
             # the first start converts the embedded default model (~20 s): off the loop
@@ -146,8 +147,8 @@ class MmgateServer:
         )
         self.pipeline.use_media(media)
         log.info("media mode: %s (%s)", media.mode, media.description)
-        await self._update_health()
-        self._monitor = asyncio.create_task(self._watch(), name="mmgate-health")
+        await self.monitor.update()
+        self.monitor.start()
         log.info("serving %s on %s:%d", self.engine.model_name, self.settings.host, self.port)
 
     def snapshot(self) -> Snapshot:
@@ -160,6 +161,7 @@ class MmgateServer:
             engine=self.engine.stats(),
             tokens=self.engine.token_stats(),
             engine_ready=self.engine.ready,
+            engine_health=self.monitor.engine_health(),
             model=self.engine.model_name,
             media=dataclasses.replace(media.stats),
             media_mode=media.mode,
@@ -196,26 +198,6 @@ class MmgateServer:
         )
         return encoder, image_tokens(config)
 
-    async def _update_health(self) -> None:
-        """Set every health service from the actor's ping and the engine (the monitor's step)."""
-        try:
-            await self.cache.ping(timeout=HEALTH_INTERVAL_SECONDS)
-            alive = True
-        except (CacheActorDead, TimeoutError):
-            alive = False
-        ready = alive and self.engine.ready and not self._stopping
-        await self.health.set(LIVENESS, SERVING if alive else NOT_SERVING)
-        for service in ("", INFERENCE, CACHE, READINESS):
-            await self.health.set(service, SERVING if ready else NOT_SERVING)
-
-    async def _watch(self) -> None:
-        while not self._stopping:
-            await self._update_health()
-            try:
-                await asyncio.wait_for(self._stopped.wait(), HEALTH_INTERVAL_SECONDS)
-            except TimeoutError:
-                continue
-
     async def stop(self, grace: float | None = None) -> None:
         """Drain and close everything; safe to call more than once."""
         if self._stopping:
@@ -224,10 +206,7 @@ class MmgateServer:
         self._stopping = True
         grace = self.settings.shutdown_grace_seconds if grace is None else grace
         log.info("shutting down: %g s for calls in flight", grace)
-        await self.health.enter_graceful_shutdown()
-        if self._monitor is not None:
-            self._monitor.cancel()
-            await asyncio.gather(self._monitor, return_exceptions=True)
+        await self.monitor.stop()
         if not await self.inference.drain(grace):
             log.warning("grace period over with %d requests in flight", self.inference.active)
         # whatever is left (a stream past the grace period, a health Watch) is cancelled now

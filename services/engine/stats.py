@@ -2,6 +2,7 @@
 
     vLLM's output handler ── record(scheduler stats, iteration stats) ──▶ _StatsRecorder
         ──▶ Counters (prefix cache, requests, queue) and TokenCounters (tokens, TTFT)
+        ──▶ Progress.stepped() (the engine watchdog's heartbeat, progress.py)
         ──▶ snapshot(): EngineStats, EngineTokenStats (services/types.py)
 
 vLLM calls the logger from its output handler, on this process's event loop, so plain ints do;
@@ -16,6 +17,7 @@ import time
 from typing import Any, final
 
 from ..types import TIME_TO_FIRST_TOKEN_BUCKETS, EngineStats, EngineTokenStats
+from .progress import Progress
 
 # The window of EngineTokenStats.generation_tokens_per_second.
 TOKEN_RATE_INTERVAL_SECONDS = 5.0
@@ -83,8 +85,9 @@ class TokenCounters:
         )
 
 
-def stats_recorder_factory(counters: Counters, tokens: TokenCounters) -> Any:
-    """A vLLM stat logger class that adds each step's stats into ``counters`` and ``tokens``."""
+def stats_recorder_factory(counters: Counters, tokens: TokenCounters, progress: Progress) -> Any:
+    """A vLLM stat logger class that adds each step's stats into ``counters`` and ``tokens``,
+    and tells ``progress`` the engine stepped."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
     class _StatsRecorder(StatLoggerBase):
@@ -101,6 +104,8 @@ def stats_recorder_factory(counters: Counters, tokens: TokenCounters) -> Any:
         ) -> None:
             c = self.counters
             if scheduler_stats is not None:
+                # one per engine step, with or without output tokens: the watchdog's progress
+                progress.stepped()
                 c.running = scheduler_stats.num_running_reqs
                 c.waiting = scheduler_stats.num_waiting_reqs
                 c.kv_cache_usage = scheduler_stats.kv_cache_usage

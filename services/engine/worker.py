@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any, final
@@ -22,6 +23,7 @@ from ..errors import EngineUnavailable
 from ..observability.spans import EngineTrace
 from ..types import EngineDelta, EngineRequest, EngineStats, EngineTokenStats
 from .outputs import delta_of, times_of
+from .progress import Progress
 from .stats import Counters, TokenCounters, stats_recorder_factory
 from .tensors import engine_image_data
 
@@ -44,6 +46,8 @@ class EngineWorker:
         self._engine: AsyncLLM | None = None
         self._counters = Counters()
         self._tokens = TokenCounters()
+        # the watchdog's view: requests open here, the engine's last step
+        self.progress = Progress()
         self._closed = False
         self.max_model_len = settings.max_model_len
         self._image_limit: int | None = None
@@ -106,7 +110,7 @@ class EngineWorker:
         if not self.model_path:
             raise EngineUnavailable("no model to serve: call use_model() first")
         args = self.engine_args()
-        factory = stats_recorder_factory(self._counters, self._tokens)
+        factory = stats_recorder_factory(self._counters, self._tokens, self.progress)
         # Built in a thread so the loop keeps answering health checks meanwhile; with no loop
         # in that thread, AsyncLLM starts its output handler on the first request instead.
         # (no local name for the engine: a frame kept alive by a library would keep it too, and
@@ -124,6 +128,15 @@ class EngineWorker:
         return self._engine is not None and not self._closed and not self._engine.errored
 
     @property
+    def failed(self) -> bool:
+        """The engine died (its core process exited or its output handler failed)."""
+        return self._engine is not None and not self._closed and bool(self._engine.errored)
+
+    @property
+    def stopped(self) -> bool:
+        return self._closed
+
+    @property
     def takes_images(self) -> bool:
         return bool(self._require().model_config.is_multimodal_model)
 
@@ -132,7 +145,11 @@ class EngineWorker:
         return self._require().get_tokenizer()
 
     def stats(self) -> EngineStats:
-        return self._counters.snapshot()
+        stats = self._counters.snapshot()
+        if not self.ready:
+            # the engine's last report is not what runs now: nothing does
+            stats = dataclasses.replace(stats, running=0, waiting=0, kv_cache_usage=0.0)
+        return stats
 
     def token_stats(self) -> EngineTokenStats:
         return self._tokens.snapshot()
@@ -197,6 +214,7 @@ class EngineWorker:
         )
         error: BaseException | None = None
         last: Any = None
+        self.progress.opened(request_id, request.label)
         try:
             # aclosing: leaving early closes vLLM's generator now, which aborts the request
             async with contextlib.aclosing(outputs):
@@ -215,10 +233,13 @@ class EngineWorker:
             # sometimes (when its final "abort" output was delivered before the close).
             if finish_reason is None or finish_reason == "abort":
                 self._counters.aborted += 1
-            if finish_reason is None and not self._closed:
-                # vLLM's iterator aborts on cancellation and on close itself; this covers
-                # anything else, and does nothing for a request already gone.
-                await asyncio.shield(engine.abort(request_id))
+            try:
+                if finish_reason is None and not self._closed and not engine.errored:
+                    # vLLM's iterator aborts on cancellation and on close itself; this covers
+                    # anything else, and does nothing for a request already gone.
+                    await asyncio.shield(engine.abort(request_id))
+            finally:
+                self.progress.closed(request_id)
 
     async def close(self) -> None:
         if self._engine is None or self._closed:

@@ -8,14 +8,16 @@ pool for rendering, a read timeout, a cap on connections waiting to send their r
 prometheus_client's own server starts a thread per connection and waits on a silent client
 forever (200 half-open connections made 219 threads). Here an idle connection costs a socket and a
 coroutine until its read timeout closes it, and beyond ``max_connections`` such connections the
-longest-idle is closed to make room (so silent clients cannot lock a scrape out). The server's loop is not mmgate's: a stuck service loop still gets a scrape answered (the
-collector says what it could not read, metrics.py).
+longest-idle is closed to make room (so silent clients cannot lock a scrape out). The server's
+loop is not mmgate's: a stuck service loop still gets a scrape answered (the collector says what
+it could not read, metrics.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -76,10 +78,8 @@ class MetricsHTTPServer:
     def stop(self) -> None:
         loop, stop, thread = self._loop, self._stop, self._thread
         if loop is not None and stop is not None:
-            try:
+            with contextlib.suppress(RuntimeError):  # its loop has already closed
                 loop.call_soon_threadsafe(stop.set)
-            except RuntimeError:  # its loop has already closed
-                pass
         if thread is not None:
             thread.join(timeout=5)
         self._render.shutdown(wait=False, cancel_futures=True)
@@ -87,7 +87,7 @@ class MetricsHTTPServer:
     def _run(self, host: str, port: int, ready: concurrent.futures.Future[int]) -> None:
         try:
             asyncio.run(self._serve(host, port, ready))
-        except BaseException as exc:  # noqa: BLE001 - start() reports a port that would not open
+        except BaseException as exc:
             if not ready.done():
                 ready.set_exception(exc)
             else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
+from typing import get_args
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -21,7 +22,14 @@ from prometheus_client.core import (
 
 from cache_actor import CacheStats, Outcome
 
-from ..types import TIME_TO_FIRST_TOKEN_BUCKETS, EngineStats, EngineTokenStats, MediaStats
+from ..types import (
+    TIME_TO_FIRST_TOKEN_BUCKETS,
+    EngineHealth,
+    EngineState,
+    EngineStats,
+    EngineTokenStats,
+    MediaStats,
+)
 
 # the cache stages that hold images: the media level
 MEDIA_STAGES = frozenset({"image", "embedding"})
@@ -39,6 +47,7 @@ class Snapshot:
     engine: EngineStats
     tokens: EngineTokenStats
     engine_ready: bool
+    engine_health: EngineHealth
     model: str
     media: MediaStats
     media_mode: str
@@ -270,6 +279,16 @@ def _engine(s: Snapshot) -> Iterator[Metric]:
         ("mmgate_engine_running_requests", e.running, "Requests the engine is running."),
         ("mmgate_engine_waiting_requests", e.waiting, "Requests queued in the engine."),
         (
+            "mmgate_engine_in_flight_requests",
+            s.engine_health.in_flight,
+            "Engine requests mmgate has open (its own count: true when the engine is silent).",
+        ),
+        (
+            "mmgate_engine_seconds_since_step",
+            s.engine_health.seconds_since_step,
+            "Seconds without an engine step while requests are in flight (0 when idle).",
+        ),
+        (
             "mmgate_engine_kv_cache_usage_ratio",
             e.kv_cache_usage,
             "Share of the KV cache in use (0 to 1).",
@@ -293,8 +312,21 @@ def _engine(s: Snapshot) -> Iterator[Metric]:
             e.aborted,
             "Engine requests ended early: cancelled, deadline passed, or shut down.",
         ),
+        (
+            "mmgate_engine_stalls_total",
+            s.engine_health.stalls,
+            "Times requests were in flight and the engine did not step for engine_stall_seconds.",
+        ),
     ):
         yield CounterMetricFamily(name, documentation, value=value)
+    state = GaugeMetricFamily(
+        "mmgate_engine_state",
+        "1 for the engine's state as the watchdog sees it (serving, stalled, hung, failed...).",
+        labels=["state"],
+    )
+    for name in get_args(EngineState):
+        state.add_metric([name], float(name == s.engine_health.state))
+    yield state
     ttft = HistogramMetricFamily(
         "mmgate_engine_time_to_first_token_seconds",
         "From a request's arrival in the engine to its first generated token.",

@@ -30,11 +30,12 @@ from collections.abc import Callable, Iterator
 from typing import Any, final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from cache_actor import LookupEvent, LookupHook
 
 from ..config import Settings
+from .heartbeat import LoopHeartbeat
 from .http import MetricsHTTPServer
 from .lookups import current_stage, lookup_outcome
 from .metric_families import LookupKey, Snapshot, families
@@ -125,6 +126,7 @@ class Metrics:
         self.lookup_hook: LookupHook | None = self._lookups if self.enabled else None
         self.registry.register(_ServiceCollector(self))
         self._take: Callable[[], Snapshot] | None = None
+        self.heartbeat: LoopHeartbeat | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         self._http: MetricsHTTPServer | None = None
@@ -132,14 +134,16 @@ class Metrics:
         self.stale_scrapes = 0
         self._stale_lock = threading.Lock()
 
-    def start(self, snapshot: Callable[[], Snapshot]) -> None:
+    def start(self, snapshot: Callable[[], Snapshot], heartbeat: LoopHeartbeat) -> None:
         """Serve /metrics on settings.metrics.host:port (sets self.port); on the event loop.
 
         ``snapshot`` reads the service's state; it is called on this loop at each scrape.
+        ``heartbeat`` says, from its own thread, whether this loop is blocked.
         """
         if self._http is not None:
             return
         self._take = snapshot
+        self.heartbeat = heartbeat
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         settings = self.settings.metrics
@@ -168,6 +172,11 @@ class Metrics:
             return None
         if loop is None or threading.get_ident() == self._loop_thread:
             return take()
+        if self.heartbeat is not None and self.heartbeat.blocked:
+            # the loop is known to be stuck: answer now with what the threads know
+            with self._stale_lock:
+                self.stale_scrapes += 1
+            return None
         answer: concurrent.futures.Future[Snapshot] = concurrent.futures.Future()
 
         def run() -> None:
@@ -211,5 +220,18 @@ class _ServiceCollector:
         snapshot = self.metrics.snapshot()
         stale.add_metric([], self.metrics.stale_scrapes)
         yield stale
+        heartbeat = self.metrics.heartbeat
+        if heartbeat is not None:
+            # read from the heartbeat's thread: true while the loop itself cannot answer
+            yield GaugeMetricFamily(
+                "mmgate_event_loop_blocked",
+                "1 while the event loop has not answered the heartbeat for loop_block_seconds.",
+                value=float(heartbeat.blocked),
+            )
+            yield CounterMetricFamily(
+                "mmgate_event_loop_blocks_total",
+                "Times the event loop was blocked for loop_block_seconds or longer.",
+                value=heartbeat.blocks,
+            )
         if snapshot is not None:
             yield from families(snapshot)

@@ -4,8 +4,12 @@
     joiners, later hits ──────────────▶ recording.replay(): what is there, then what arrives
 
 The recording is what the cache stores: a request that joins while the answer is being generated
-streams it live, and one that comes later replays it whole. The producer belongs to no request
-(it outlives the one that started it, under its own deadline). A failed run is dropped from the
+streams it live, and one that comes later replays it whole. The producer belongs to no single
+request (it outlives the one that started it, under its own deadline), but it runs only while
+someone listens: it starts the engine when its first listener arrives, and when the last one
+leaves before the end, the run is aborted and the leaver waits for that. Every engine run then
+has a caller counted in the concurrency limit (without this, 1,200 cancelled requests left 627
+runs in the engine while mmgate counted none). A failed or abandoned run is dropped from the
 cache so the next request generates afresh.
 """
 
@@ -33,6 +37,11 @@ log = logging.getLogger("mmgate.responses")
 
 # Bytes a streamed token costs in a recording (id, text, bookkeeping): the weight admitted up front.
 BYTES_PER_TOKEN = 64
+# A producer whose first listener does not come in this long (its caller left during the lookup)
+# never starts the engine.
+FIRST_LISTENER_SECONDS = 5.0
+# How long the last listener to leave waits for the aborted run to end.
+ABORT_WAIT_SECONDS = 5.0
 
 
 @final
@@ -44,6 +53,11 @@ class ResponseRecording:
         # admitted to the cache before it is complete: weigh what it may grow to
         self.nbytes = BYTES_PER_TOKEN * max_tokens
         self._changed = asyncio.Event()
+        self.listeners = 0
+        self.listened = asyncio.Event()  # the first listener has come
+        # every listener left before the end: the run is being aborted, nobody may join it
+        self.abandoned = False
+        self.producer: asyncio.Task[None] | None = None
 
     def append(self, delta: EngineDelta) -> None:
         self.deltas.append(delta)
@@ -60,17 +74,36 @@ class ResponseRecording:
 
     async def replay(self) -> AsyncGenerator[EngineDelta, None]:
         """Every delta from the first; waits for new ones until the run ends."""
-        index = 0
-        while True:
-            while index < len(self.deltas):
-                yield self.deltas[index]
-                index += 1
-            if self.done:
-                if self.error is not None:
-                    raise self.error
-                return
-            # bounded by the caller's deadline and by the producer's own (it always finishes)
-            await self._changed.wait()
+        self.listeners += 1
+        self.listened.set()
+        try:
+            index = 0
+            while True:
+                while index < len(self.deltas):
+                    yield self.deltas[index]
+                    index += 1
+                if self.done:
+                    if self.error is not None:
+                        raise self.error
+                    return
+                # bounded by the caller's deadline and by the producer's own (it always ends)
+                await self._changed.wait()
+        finally:
+            self.listeners -= 1
+            if self.listeners == 0 and not self.done:
+                await self._abandon()
+
+    async def _abandon(self) -> None:
+        """The last listener left mid-run: abort it, and wait (bounded) until it has ended."""
+        self.abandoned = True
+        producer = self.producer
+        if producer is None or producer.done():
+            return
+        producer.cancel()
+        # shielded: a second cancellation of the leaver must not cut the wait short and let
+        # it leave the limit while its run is still in the engine
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(asyncio.wait({producer})), ABORT_WAIT_SECONDS)
 
 
 @final
@@ -112,6 +145,7 @@ class SharedResponses:
             producer = asyncio.create_task(
                 self._record(recording, key, tenant, run), name=f"mmgate-response-{key[:12]}"
             )
+            recording.producer = producer
             self._producers.add(producer)
             producer.add_done_callback(self._producers.discard)
             return recording
@@ -121,7 +155,14 @@ class SharedResponses:
             lookup = await self.cache.get(
                 key, start_recording, tenant=tenant, timeout=request.left()
             )
-        recording = lookup.value
+            recording = lookup.value
+            if recording.abandoned:
+                # its run is being aborted (its listeners all left): not one to join
+                await self.cache.invalidate(key, tenant=tenant)
+                lookup = await self.cache.get(
+                    key, start_recording, tenant=tenant, timeout=request.left()
+                )
+                recording = lookup.value
         # a stored recording still being generated: this request joins that run
         joined = lookup.outcome is Outcome.HIT and not recording.done
         request.report(
@@ -142,6 +183,9 @@ class SharedResponses:
         """Run the engine once for every request sharing this response."""
         error: BaseException | None = None
         try:
+            # no listener, no engine run: the caller may have left during the lookup
+            async with asyncio.timeout(FIRST_LISTENER_SECONDS):
+                await recording.listened.wait()
             async with (
                 asyncio.timeout(self.run_deadline),
                 contextlib.aclosing(self.engine.generate(run)) as deltas,
@@ -165,4 +209,10 @@ class SharedResponses:
                 raise error
 
 
-__all__ = ["BYTES_PER_TOKEN", "ResponseRecording", "SharedResponses"]
+__all__ = [
+    "ABORT_WAIT_SECONDS",
+    "BYTES_PER_TOKEN",
+    "FIRST_LISTENER_SECONDS",
+    "ResponseRecording",
+    "SharedResponses",
+]

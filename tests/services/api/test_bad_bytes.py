@@ -6,9 +6,8 @@ import pytest
 from google.protobuf.descriptor import FieldDescriptor
 from grpc_health.v1 import health_pb2
 
-from services.proto.mmgate.v1 import cache_pb2, inference_pb2
-
 from services.client import MmgateClient
+from services.proto.mmgate.v1 import cache_pb2, inference_pb2
 
 from ..conftest import RunningServer
 
@@ -53,15 +52,19 @@ async def test_unparseable_bytes_get_invalid_argument(
     path, kind, message = METHODS[method]
     with pytest.raises(Exception):  # noqa: B017, PT011 - the bytes really are unparseable
         message.FromString(payload)
-    async with grpc.aio.insecure_channel(server.target) as channel:
-        # no serializers: the bytes go on the wire as they are
-        call = getattr(channel, kind)(path)
-        with pytest.raises(grpc.aio.AioRpcError) as caught:
+
+    async def send() -> None:
+        async with grpc.aio.insecure_channel(server.target) as channel:
+            # no serializers: the bytes go on the wire as they are
+            call = getattr(channel, kind)(path)
             if kind == "unary_stream":
                 async for _ in call(payload, timeout=30):
                     pass
             else:
                 await call(payload, timeout=30)
+
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await send()
     error = caught.value
     details = error.details() or ""
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (error.code(), details)

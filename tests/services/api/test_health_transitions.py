@@ -9,7 +9,8 @@ import grpc
 import pytest_asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.api.server import INFERENCE, LIVENESS, READINESS, MmgateServer
+from services.api.health import LIVENESS, READINESS
+from services.api.server import INFERENCE, MmgateServer
 from services.config import Settings
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -18,7 +18,7 @@ MAX_EXTRA_THREADS = 4
 
 
 def threads(server: RunningServer) -> int:
-    return psutil.Process(server.process.pid).num_threads()
+    return int(psutil.Process(server.process.pid).num_threads())
 
 
 async def test_half_open_connections_cost_no_threads(server: RunningServer) -> None:

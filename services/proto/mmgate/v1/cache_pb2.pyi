@@ -110,19 +110,33 @@ class MediaStats(_message.Message):
     not_held: int
     def __init__(self, decodes: _Optional[int] = ..., decode_seconds: _Optional[float] = ..., encodes: _Optional[int] = ..., encode_seconds: _Optional[float] = ..., rejected: _Optional[int] = ..., not_held: _Optional[int] = ...) -> None: ...
 
+class EngineHealth(_message.Message):
+    __slots__ = ("state", "in_flight", "seconds_since_step", "stalls")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_SINCE_STEP_FIELD_NUMBER: _ClassVar[int]
+    STALLS_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    in_flight: int
+    seconds_since_step: float
+    stalls: int
+    def __init__(self, state: _Optional[str] = ..., in_flight: _Optional[int] = ..., seconds_since_step: _Optional[float] = ..., stalls: _Optional[int] = ...) -> None: ...
+
 class GetStatsResponse(_message.Message):
-    __slots__ = ("actor", "engine", "model", "media_mode", "media")
+    __slots__ = ("actor", "engine", "model", "media_mode", "media", "engine_health")
     ACTOR_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MEDIA_MODE_FIELD_NUMBER: _ClassVar[int]
     MEDIA_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_HEALTH_FIELD_NUMBER: _ClassVar[int]
     actor: ActorStats
     engine: EngineCacheStats
     model: str
     media_mode: str
     media: MediaStats
-    def __init__(self, actor: _Optional[_Union[ActorStats, _Mapping]] = ..., engine: _Optional[_Union[EngineCacheStats, _Mapping]] = ..., model: _Optional[str] = ..., media_mode: _Optional[str] = ..., media: _Optional[_Union[MediaStats, _Mapping]] = ...) -> None: ...
+    engine_health: EngineHealth
+    def __init__(self, actor: _Optional[_Union[ActorStats, _Mapping]] = ..., engine: _Optional[_Union[EngineCacheStats, _Mapping]] = ..., model: _Optional[str] = ..., media_mode: _Optional[str] = ..., media: _Optional[_Union[MediaStats, _Mapping]] = ..., engine_health: _Optional[_Union[EngineHealth, _Mapping]] = ...) -> None: ...
 
 class InspectRequest(_message.Message):
     __slots__ = ("key", "digest")
