@@ -55,8 +55,9 @@ class HealthMonitor:
         self.readiness_services = ("", *readiness_services, READINESS)
         self._wake = asyncio.Event()
         self.heartbeat = LoopHeartbeat(
-            block_seconds=settings.loop_block_seconds, on_block=self._wake.set
+            block_seconds=settings.loop_block_seconds, on_block=self._loop_was_blocked
         )
+        self._blocked_tasks: set[asyncio.Task[None]] = set()
         self.stopping = False
         self.stalls = 0
         self._state: EngineState = "starting"
@@ -81,6 +82,18 @@ class HealthMonitor:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         self.heartbeat.stop()
+
+    def _loop_was_blocked(self) -> None:
+        """First thing the loop runs once it moves again: readiness off before any probe is
+        answered (this task's first step comes before the I/O that arrived meanwhile)."""
+        task = asyncio.create_task(self._not_ready(), name="mmgate-health-blocked")
+        self._blocked_tasks.add(task)
+        task.add_done_callback(self._blocked_tasks.discard)
+        self._wake.set()
+
+    async def _not_ready(self) -> None:
+        for service in self.readiness_services:
+            await self.servicer.set(service, NOT_SERVING)
 
     def engine_health(self) -> EngineHealth:
         progress = self.engine.progress

@@ -12,7 +12,9 @@ scrape time (no second bookkeeping), through the snapshot function the server ha
 ``Metrics.start`` (the composition root wires; this module reaches into nothing). The snapshot
 is taken on the event loop, the only thread
 that touches their state; a loop too busy to answer within ``SNAPSHOT_TIMEOUT_SECONDS`` gets a
-scrape without those series, counted in ``mmgate_metrics_stale_scrapes_total``.
+scrape without those series, counted in ``mmgate_metrics_stale_scrapes_total``, as does one the
+loop heartbeat (heartbeat.py) knows is blocked, at once; ``mmgate_event_loop_blocked`` comes from
+that thread, so a scrape says so while the loop is stuck.
 
 The three cache levels, as operators read them (docs/observability.md): ``page`` (KV-cache tokens
 found resident in the engine), ``prefix`` (requests that reused a cached prefix), ``media`` (images
@@ -43,6 +45,7 @@ from .metric_families import LookupKey, Snapshot, families
 log = logging.getLogger("mmgate.metrics")
 
 SNAPSHOT_TIMEOUT_SECONDS = 5.0
+SNAPSHOT_SLICE_SECONDS = 0.1
 # a cache lookup takes microseconds when it hits, up to seconds when it computes
 LOOKUP_BUCKETS = (
     1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -188,17 +191,28 @@ class Metrics:
 
         try:
             loop.call_soon_threadsafe(run)
-            return answer.result(timeout=SNAPSHOT_TIMEOUT_SECONDS)
         except RuntimeError:  # the loop is closed: the server has stopped
             return None
+        try:
+            return self._wait(answer)
         except concurrent.futures.TimeoutError:
             answer.cancel()
             with self._stale_lock:
                 self.stale_scrapes += 1
-            log.warning(
-                "metrics scrape: the event loop did not answer in %g s", SNAPSHOT_TIMEOUT_SECONDS
-            )
+            log.warning("metrics scrape: the event loop did not answer")
             return None
+
+    def _wait(self, answer: concurrent.futures.Future[Snapshot]) -> Snapshot:
+        """The loop's answer, in slices: a block the heartbeat sees meanwhile ends the wait."""
+        waited = 0.0
+        while True:
+            try:
+                return answer.result(timeout=SNAPSHOT_SLICE_SECONDS)
+            except concurrent.futures.TimeoutError:
+                waited += SNAPSHOT_SLICE_SECONDS
+                blocked = self.heartbeat is not None and self.heartbeat.blocked
+                if blocked or waited >= SNAPSHOT_TIMEOUT_SECONDS:
+                    raise
 
     def lookups(self) -> dict[LookupKey, int]:
         """Lookups counted so far, by (stage, outcome, tier): a copy, on the event loop."""
