@@ -103,7 +103,8 @@ async def test_a_blocked_loop_is_seen_from_a_thread(
         assert (await health.Check(readiness, timeout=10)).status == NOT_SERVING
 
         async def ready() -> bool:
-            return (await health.Check(readiness, timeout=10)).status == SERVING
+            answer: health_pb2.HealthCheckResponse = await health.Check(readiness, timeout=10)
+            return answer.status == SERVING
 
         recovered = await eventually(ready, timeout=30)
         assert recovered >= RECOVER_SECONDS * 0.5
