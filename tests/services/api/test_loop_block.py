@@ -104,7 +104,7 @@ async def test_a_blocked_loop_is_seen_from_a_thread(
 
         async def ready() -> bool:
             answer: health_pb2.HealthCheckResponse = await health.Check(readiness, timeout=10)
-            return answer.status == SERVING
+            return bool(answer.status == SERVING)
 
         recovered = await eventually(ready, timeout=30)
         assert recovered >= RECOVER_SECONDS * 0.5
