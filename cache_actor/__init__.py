@@ -14,6 +14,7 @@ from .errors import (
     CacheRecursionError,
     ComputeTimeout,
 )
+from .flights import waiting_to_start
 from .lookup import Lookup, LookupEvent, LookupHook, Outcome
 from .stats import CacheStats, EntryInfo
 from .tiers import InMemoryTier, SecondTier
@@ -36,4 +37,5 @@ __all__ = [
     "SecondTier",
     "Weigher",
     "default_weigher",
+    "waiting_to_start",
 ]

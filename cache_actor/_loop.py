@@ -285,7 +285,9 @@ class ActorLoop:
         flight = self.flights.get(left.full_key)
         if flight is None or not flight.remove_waiter(left.future):
             return
-        if not flight.waiters and not self.config.finish_orphaned_flights:
+        # an orphan keeps running by default (its key is likely asked for again), unless it is
+        # still queued for capacity: then nothing has been spent on it yet
+        if not flight.waiters and (flight.queued or not self.config.finish_orphaned_flights):
             self._end_flight(flight)
 
     def _on_deadline_passed(self, passed: DeadlinePassed) -> None:

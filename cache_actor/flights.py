@@ -16,6 +16,8 @@ Recursion is caught from two sides:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import final
@@ -23,6 +25,23 @@ from typing import final
 from .store import FullKey
 
 COMPUTING: ContextVar[tuple[Flight, ...]] = ContextVar("cache_actor_computing", default=())
+
+
+@contextlib.contextmanager
+def waiting_to_start() -> Iterator[None]:
+    """Wrap a computation's wait for capacity (a worker thread, a slot) in this: should every
+    waiter leave meanwhile, the computation is cancelled before it starts instead of finishing
+    for nobody. Outside a computation it does nothing."""
+    chain = COMPUTING.get()
+    if not chain:
+        yield
+        return
+    flight = chain[-1]
+    flight.queued = True
+    try:
+        yield
+    finally:
+        flight.queued = False
 
 
 @final
@@ -51,6 +70,11 @@ class Flight:
     # False once the key is invalidated while loading: the value is delivered but not stored
     admit: bool = True
     stall_reported: bool = False
+    # set by the computation itself (waiting_to_start): nothing has been spent on it yet, so
+    # it is cancelled when its last waiter leaves, whatever finish_orphaned_flights says. The
+    # one field a computation writes; it runs on the actor's event loop, so the actor reads it
+    # between two of its own handlers.
+    queued: bool = False
 
     def add_waiter(self, future: asyncio.Future[object], waiter: Waiter) -> None:
         self.waiters[future] = waiter

@@ -149,6 +149,21 @@ class MetricsSettings(BaseModel):
     """Open connections to the metrics port beyond this are closed at once."""
 
 
+class ThreadSettings(BaseModel):
+    """Worker threads of each CPU-bound stage: a burst in one queues there, not in the others."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    hash: int = Field(2, gt=0)
+    """Hashing large images (sha256 of the bytes)."""
+    decode: int = Field(2, gt=0)
+    """Decoding images."""
+    encode: int = Field(1, gt=0)
+    """Running the vision encoder (embeddings mode; torch uses several cores for each)."""
+    render: int = Field(2, gt=0)
+    """Rendering chat templates and tokenizing prompts."""
+
+
 class HealthSettings(BaseModel):
     """What turns health NOT_SERVING, and how soon (see docs/service.md, "Health")."""
 
@@ -192,6 +207,7 @@ class Settings(BaseSettings):
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
+    threads: ThreadSettings = Field(default_factory=ThreadSettings)
     max_message_bytes: int = Field(32 * MiB, gt=0)
     """Largest request; up to twice this gets INVALID_ARGUMENT, beyond that gRPC refuses it."""
     max_prompt_chars: int = Field(200_000, gt=0)

@@ -255,6 +255,17 @@ class MediaStats:
     not_held: int = 0
 
 
+@final
+@dataclass(frozen=True, slots=True)
+class StageThreadStats:
+    """One CPU-bound stage's worker threads (services/pipeline/threads.py)."""
+
+    stage: str
+    threads: int  # its capacity
+    busy: int  # computations running now
+    waiting: int  # computations queued for a thread
+
+
 __all__ = [
     "TIME_TO_FIRST_TOKEN_BUCKETS",
     "CachePolicy",
@@ -276,4 +287,5 @@ __all__ = [
     "MediaStats",
     "RenderedPrompt",
     "Sampling",
+    "StageThreadStats",
 ]

@@ -144,6 +144,7 @@ class MmgateServer:
             takes_images=self.engine.takes_images,
             encoder=encoder,
             placeholder_tokens=placeholder_tokens,
+            threads=self.pipeline.threads,
         )
         self.pipeline.use_media(media)
         log.info("media mode: %s (%s)", media.mode, media.description)
@@ -162,6 +163,7 @@ class MmgateServer:
             tokens=self.engine.token_stats(),
             engine_ready=self.engine.ready,
             engine_health=self.monitor.engine_health(),
+            threads=self.pipeline.threads.stats(),
             model=self.engine.model_name,
             media=dataclasses.replace(media.stats),
             media_mode=media.mode,

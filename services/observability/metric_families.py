@@ -29,6 +29,7 @@ from ..types import (
     EngineStats,
     EngineTokenStats,
     MediaStats,
+    StageThreadStats,
 )
 
 # the cache stages that hold images: the media level
@@ -48,6 +49,7 @@ class Snapshot:
     tokens: EngineTokenStats
     engine_ready: bool
     engine_health: EngineHealth
+    threads: tuple[StageThreadStats, ...]
     model: str
     media: MediaStats
     media_mode: str
@@ -175,6 +177,7 @@ def families(s: Snapshot) -> Iterator[Metric]:
     yield from _engine(s)
     for name, field, documentation in _MEDIA_COUNTERS:
         yield CounterMetricFamily(name, documentation, value=getattr(s.media, field))
+    yield from _threads(s)
     yield from _service(s)
 
 
@@ -339,6 +342,22 @@ def _engine(s: Snapshot) -> Iterator[Metric]:
         buckets.append((bound, cumulative))
     ttft.add_metric([], buckets, sum_value=t.time_to_first_token_sum)
     yield ttft
+
+
+def _threads(s: Snapshot) -> Iterator[Metric]:
+    for name, documentation, value in (
+        ("mmgate_stage_threads", "Worker threads of each CPU-bound stage.", "threads"),
+        ("mmgate_stage_threads_busy", "Computations running in a stage's threads.", "busy"),
+        (
+            "mmgate_stage_threads_waiting",
+            "Computations queued for a stage's threads.",
+            "waiting",
+        ),
+    ):
+        family = GaugeMetricFamily(name, documentation, labels=["stage"])
+        for stats in s.threads:
+            family.add_metric([stats.stage], getattr(stats, value))
+        yield family
 
 
 def _service(s: Snapshot) -> Iterator[Metric]:

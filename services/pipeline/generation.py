@@ -31,6 +31,7 @@ from .media import MediaStage, NotReady
 from .prompts import PromptStage
 from .request import Request
 from .responses import SharedResponses
+from .threads import StageThreads
 
 
 def engine_request_id() -> str:
@@ -48,7 +49,9 @@ class Pipeline:
         self.cache = cache
         # replaced once the engine has started and the server knows what the model takes
         self.media: MediaStage = NotReady()
-        self.prompts = PromptStage(cache)
+        # the CPU-bound stages' threads; the media stage gets them from the server
+        self.threads = StageThreads(settings.threads)
+        self.prompts = PromptStage(cache, self.threads)
         self.responses = SharedResponses(engine, cache, settings.default_deadline_seconds)
 
     def use_media(self, media: MediaStage) -> None:

@@ -9,7 +9,6 @@ flight: identical prompts arriving together are tokenized once, and again never 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any, final
 
@@ -21,6 +20,7 @@ from ..observability.spans import span
 from ..types import GenerationRequest, RenderedPrompt
 from ..wire import IMAGE_PLACEHOLDER
 from .request import Request
+from .threads import StageThreads
 
 
 def prompt_payload(request: GenerationRequest) -> Any:
@@ -61,10 +61,12 @@ def _render(tokenizer: Any, request: GenerationRequest) -> RenderedPrompt:
     return RenderedPrompt(text=text, token_ids=tuple(int(i) for i in ids))
 
 
-async def render(tokenizer: Any, request: GenerationRequest) -> RenderedPrompt:
-    """Render and tokenize off the event loop."""
+async def render(
+    tokenizer: Any, request: GenerationRequest, threads: StageThreads
+) -> RenderedPrompt:
+    """Render and tokenize off the event loop, in the render stage's threads."""
     with span("prompt.render") as current:
-        rendered = await asyncio.to_thread(_render, tokenizer, request)
+        rendered = await threads.run("render", _render, tokenizer, request)
         if current is not None:
             current.set_attribute("mmgate.prompt.tokens", len(rendered.token_ids))
         return rendered
@@ -72,8 +74,9 @@ async def render(tokenizer: Any, request: GenerationRequest) -> RenderedPrompt:
 
 @final
 class PromptStage:
-    def __init__(self, cache: CacheActor) -> None:
+    def __init__(self, cache: CacheActor, threads: StageThreads) -> None:
         self.cache = cache
+        self.threads = threads
 
     async def prompt(self, request: Request, model: str, tokenizer: Any) -> RenderedPrompt:
         """The request's prompt: from the cache, or rendered (``bypass``: always rendered)."""
@@ -81,13 +84,13 @@ class PromptStage:
         key = cache_key(model, "prompt", prompt_payload(checked))
         started = time.perf_counter()
         if checked.cache_policy == "bypass":
-            rendered = await render(tokenizer, checked)
+            rendered = await render(tokenizer, checked, self.threads)
             request.report("prompt", key, None, started)
             return rendered
         with stage("prompt"):
             lookup = await self.cache.get(
                 key,
-                lambda: render(tokenizer, checked),
+                lambda: render(tokenizer, checked, self.threads),
                 tenant=request.tenant,
                 timeout=request.left(),
             )

@@ -2,7 +2,7 @@ import asyncio
 
 import pytest
 
-from cache_actor import CacheActor, CacheConfig, Outcome
+from cache_actor import CacheActor, CacheConfig, Outcome, waiting_to_start
 from tests.support import Gate, Stuck, until
 
 from .conftest import MakeActor, assert_stats
@@ -75,3 +75,45 @@ async def test_cancel_before_the_actor_reads_the_request(cache: CacheActor) -> N
     await cache.ping()
     assert gate.calls == 0
     assert_stats(cache, cancelled_waiters=1, flights=0)
+
+
+async def test_a_queued_orphan_is_cancelled_before_it_starts(cache: CacheActor) -> None:
+    capacity = asyncio.Semaphore(0)  # no capacity: the computation stays queued
+    entered = asyncio.Event()
+    started = []
+
+    async def compute() -> bytes:
+        with waiting_to_start():
+            entered.set()
+            await capacity.acquire()
+        started.append(True)
+        return b"value"
+
+    only = asyncio.ensure_future(cache.get("k", compute))
+    await entered.wait()
+    only.cancel()
+    await until(lambda: cache.stats().flights == 0)  # default config: orphans finish, but not this
+    capacity.release()
+    assert started == []
+    assert_stats(cache, misses=1, cancelled_waiters=1, entries=0)
+
+
+async def test_an_orphan_that_has_started_finishes(cache: CacheActor) -> None:
+    capacity = asyncio.Semaphore(0)
+    gate = Gate()
+
+    async def compute() -> bytes:
+        with waiting_to_start():
+            await capacity.acquire()
+        value: bytes = await gate()  # started: out of the queue
+        return value
+
+    only = asyncio.ensure_future(cache.get("k", compute))
+    await until(lambda: cache.stats().flights == 1)
+    capacity.release()
+    await gate.started.wait()
+    only.cancel()
+    await until(lambda: cache.stats().waiters == 0)
+    gate.release.set()
+    await until(lambda: cache.stats().entries == 1)
+    assert (await cache.get("k", compute)).outcome is Outcome.HIT

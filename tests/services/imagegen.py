@@ -49,3 +49,21 @@ def corrupt_png(seed: int) -> bytes:
     for i in range(40, len(data) - 12):
         data[i] = rng.randrange(256)
     return bytes(data)
+
+
+def large_png(side: int = 6000) -> bytes:
+    """side x side pixels (36 MP by default) that compress well: ~3 MB, ~0.5 s to decode."""
+    from PIL import ImageDraw
+
+    image = Image.new("RGB", (side, side), (200, 30, 40))
+    draw = ImageDraw.Draw(image)
+    for x in range(0, side, 50):
+        draw.line([(x, 0), (side - x, side)], fill=(x % 255, 100, 200), width=3)
+    out = io.BytesIO()
+    image.save(out, format="PNG", compress_level=1)
+    return out.getvalue()
+
+
+def variant(data: bytes, number: int) -> bytes:
+    """The same PNG with a text chunk of its own: another digest, the same pixels to decode."""
+    return data[:-12] + _chunk(b"tEXt", b"variant\x00" + str(number).encode()) + data[-12:]

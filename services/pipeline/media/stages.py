@@ -26,6 +26,7 @@ joined such a flight tries once more with its own.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -52,6 +53,7 @@ from ...observability.spans import span
 from ...types import EngineImages, ImageInput, ImageReport, MediaForm, MediaStats
 from ...wire import digest_of
 from ..request import seconds_left
+from ..threads import StageThreads
 from .codec import DecodedImage, decode
 
 if TYPE_CHECKING:
@@ -159,11 +161,13 @@ class PixelsStage(MediaStage):
         model_name: str,
         *,
         placeholder_tokens: int,
+        threads: StageThreads,
     ) -> None:
         super().__init__()
         self.settings = settings
         self.cache = cache
         self.model_name = model_name
+        self.threads = threads
         self._placeholder_tokens = placeholder_tokens
         # Pillow's bomb check: warn beyond this, refuse beyond twice this (process-wide)
         Image.MAX_IMAGE_PIXELS = settings.max_image_pixels
@@ -214,7 +218,7 @@ class PixelsStage(MediaStage):
             source = image
         else:
             digest = (
-                await asyncio.to_thread(digest_of, data)
+                await self.threads.run("hash", digest_of, data)
                 if len(data) > _HASH_IN_THREAD_BYTES
                 else digest_of(data)
             )
@@ -253,12 +257,15 @@ class PixelsStage(MediaStage):
             started = time.perf_counter()
             try:
                 with span("media.decode", {"mmgate.image.bytes": len(source.data)}):
-                    image = await asyncio.to_thread(
-                        decode,
+                    image = await self.threads.run(
+                        "decode",
+                        functools.partial(
+                            decode,
+                            max_pixels=settings.max_image_pixels,
+                            min_side=settings.min_image_side,
+                        ),
                         source.data,
                         source.mime_type,
-                        max_pixels=settings.max_image_pixels,
-                        min_side=settings.min_image_side,
                     )
             except ImageRejected as exc:
                 self.stats.rejected += 1
@@ -290,8 +297,12 @@ class EmbeddingsStage(PixelsStage):
         cache: CacheActor,
         model_name: str,
         encoder: VisionEncoder,
+        *,
+        threads: StageThreads,
     ) -> None:
-        super().__init__(settings, cache, model_name, placeholder_tokens=encoder.image_tokens)
+        super().__init__(
+            settings, cache, model_name, placeholder_tokens=encoder.image_tokens, threads=threads
+        )
         self.encoder = encoder
 
     def embedding_key(self, digest: str) -> str:
@@ -313,7 +324,7 @@ class EmbeddingsStage(PixelsStage):
             decoded = (await self._decoded(source, tenant, deadline)).value
             started = time.perf_counter()
             with span("media.encode", {"mmgate.image.tokens": encoder.image_tokens}):
-                tensor = (await asyncio.to_thread(encoder.encode, [decoded.image]))[0]
+                tensor = (await self.threads.run("encode", encoder.encode, [decoded.image]))[0]
             self.stats.encodes += 1
             self.stats.encode_seconds += time.perf_counter() - started
             return Embedding(tensor)
@@ -335,13 +346,16 @@ def media_stage(
     takes_images: bool,
     encoder: VisionEncoder | None,
     placeholder_tokens: int,
+    threads: StageThreads,
 ) -> MediaStage:
     """The variant for a started engine: chosen once, never tested for again."""
     if not takes_images:
         return NoImages(model_name)
     if encoder is not None:
-        return EmbeddingsStage(settings, cache, model_name, encoder)
-    return PixelsStage(settings, cache, model_name, placeholder_tokens=placeholder_tokens)
+        return EmbeddingsStage(settings, cache, model_name, encoder, threads=threads)
+    return PixelsStage(
+        settings, cache, model_name, placeholder_tokens=placeholder_tokens, threads=threads
+    )
 
 
 def _image_key(model_name: str, digest: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,9 +21,10 @@ from services.models import build_tiny_llava, engine_settings
 from services.pipeline.media import PixelsStage
 from services.proto.mmgate.v1 import inference_pb2 as pb
 from services.wire import TENANT_HEADER
+from tests.support import eventually
 
 from ..conftest import error_details, violated_fields
-from ..imagegen import corrupt_png, png, png_bomb
+from ..imagegen import corrupt_png, large_png, png, png_bomb, variant
 from ..prom import promtool_problems, scrape
 from ..reentering import ReEntering
 
@@ -43,6 +45,8 @@ async def server(llava_model: Path) -> AsyncIterator[MmgateServer]:
         engine=engine_settings(llava_model),
         metrics={"port": 0},
         max_concurrent_requests=16,
+        # one decode at a time: a burst of large images queues there (and only there)
+        threads={"decode": 1},
     )
     running = MmgateServer(settings, model=str(llava_model))
     try:
@@ -200,7 +204,13 @@ async def test_a_miss_path_that_looks_the_image_up_again_fails_fast_as_internal(
     assert isinstance(media, PixelsStage)
     data = png(401)
     server.pipeline.use_media(
-        ReEntering(media.settings, server.cache, media.model_name, placeholder_tokens=16)
+        ReEntering(
+            media.settings,
+            server.cache,
+            media.model_name,
+            placeholder_tokens=16,
+            threads=server.pipeline.threads,
+        )
     )
     try:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -312,3 +322,44 @@ async def test_the_media_level_counts_a_miss_then_a_hit(
     assert ratio > 0
     assert after.total("mmgate_info", media_mode="embeddings") == 1
     assert promtool_problems(after.text) == ""
+
+
+BURST = 12
+
+
+async def test_a_burst_of_large_images_does_not_hold_up_prompts(
+    server: MmgateServer, client: MmgateClient
+) -> None:
+    """Decoding has its own threads: with one, twelve 36-megapixel images queue behind it while a
+    text request's prompt is rendered in the render stage's threads meanwhile. (With one shared
+    executor of six threads, the prompt waited behind six decodes.)"""
+    base = large_png()
+    images = [variant(base, 1000 + n) for n in range(BURST)]
+    decodes_before = server.pipeline.media.stats.decodes
+    burst = [asyncio.ensure_future(client.complete_request(ask(image))) for image in images]
+    try:
+
+        def decode_waiting() -> int:
+            stats = {s.stage: s for s in server.pipeline.threads.stats()}
+            return stats["decode"].waiting
+
+        async def queued() -> bool:
+            return decode_waiting() >= BURST // 2
+
+        await eventually(queued, timeout=60, interval=0.01)
+        url = f"http://127.0.0.1:{server.metrics.port}/metrics"
+        scraped = await scrape(url)
+        assert scraped.value("mmgate_stage_threads_waiting", stage="decode") >= 1
+        assert scraped.value("mmgate_stage_threads", stage="decode") == 1
+
+        text = await client.complete(f"Say hi {uuid.uuid4().hex}", max_tokens=2, temperature=0.0)
+        decoded_meanwhile = server.pipeline.media.stats.decodes - decodes_before
+        still_waiting = decode_waiting()
+        assert text.final.usage.completion_tokens > 0
+    finally:
+        answers = await asyncio.gather(*burst, return_exceptions=True)
+    assert all(not isinstance(a, BaseException) for a in answers), answers
+    assert server.pipeline.media.stats.decodes - decodes_before == BURST
+    # the prompt did not wait for the queue: most of the burst was still waiting when it was done
+    assert decoded_meanwhile <= BURST // 2 - 1, decoded_meanwhile
+    assert still_waiting >= 1

@@ -16,6 +16,7 @@ from services.config import Settings
 from services.errors import ImageNotHeld, ImageRejected, InvalidRequest
 from services.pipeline.media import PixelsStage, decode, sniff
 from services.pipeline.prompts import content_parts
+from services.pipeline.threads import StageThreads
 from services.proto.mmgate.v1 import inference_pb2 as pb
 from services.types import ImageInput
 
@@ -23,6 +24,7 @@ from ..imagegen import corrupt_png, encoded, picture, png, png_bomb
 from ..reentering import ReEntering
 
 SETTINGS = Settings()
+THREADS = StageThreads(SETTINGS.threads)
 LIMITS = {"max_pixels": SETTINGS.media.max_image_pixels, "min_side": 8}
 TIMEOUT = 30.0
 
@@ -167,7 +169,7 @@ def ref(digest: str, index: int = 0) -> ImageInput:
 @pytest.fixture
 async def pipeline() -> Any:
     async with CacheActor() as cache:
-        yield PixelsStage(SETTINGS.media, cache, "tiny", placeholder_tokens=16)
+        yield PixelsStage(SETTINGS.media, cache, "tiny", placeholder_tokens=16, threads=THREADS)
 
 
 async def test_concurrent_requests_decode_once_then_hit(pipeline: PixelsStage) -> None:
@@ -225,12 +227,12 @@ async def test_a_corrupt_image_is_invalid_and_not_cached(pipeline: PixelsStage) 
 async def test_a_miss_path_that_looks_the_image_up_again_fails_fast() -> None:
     """The ghost-key failure: a miss path that re-enters the cache for its own key."""
     async with CacheActor() as cache:
-        stage_ = ReEntering(SETTINGS.media, cache, "tiny", placeholder_tokens=16)
+        stage_ = ReEntering(SETTINGS.media, cache, "tiny", placeholder_tokens=16, threads=THREADS)
         bytes_ = png(14)
         with pytest.raises(CacheRecursionError):
             await asyncio.wait_for(stage_.prepare([data(bytes_)], "default", TIMEOUT), 10)
-        ok = await PixelsStage(SETTINGS.media, cache, "tiny", placeholder_tokens=16).prepare(
-            [data(bytes_)], "default", TIMEOUT
-        )
+        ok = await PixelsStage(
+            SETTINGS.media, cache, "tiny", placeholder_tokens=16, threads=THREADS
+        ).prepare([data(bytes_)], "default", TIMEOUT)
         assert ok.reports[0].outcome == "miss"  # nothing poisoned the key
         assert cache.stats().recursion_rejections == 1
