@@ -81,6 +81,9 @@ class CacheSettings(BaseModel):
     """A cache computation (tokenizing, decoding) is cancelled after this."""
     stall_threshold: float = Field(10.0, gt=0)
     """A computation older than this is logged with its stack."""
+    max_entry_fraction: float = Field(0.05, gt=0, le=1)
+    """A value larger than this share of a tenant's budget is served but not stored (one request
+    must not flush everyone's images): 25.6 MiB of the default 512 MiB."""
 
     def actor_config(self) -> CacheConfig:
         return CacheConfig(
@@ -90,6 +93,7 @@ class CacheSettings(BaseModel):
             mailbox_size=self.mailbox_size,
             compute_deadline=self.compute_deadline,
             stall_threshold=self.stall_threshold,
+            max_entry_fraction=self.max_entry_fraction,
         )
 
 
@@ -111,6 +115,9 @@ class MediaSettings(BaseModel):
     """Smallest width or height in pixels."""
     encoder_dtype: str | None = None
     """The vision encoder's dtype (embeddings mode); unset: the engine's."""
+    shrink_images: bool = True
+    """Store decoded images at the size the model's image processor resizes them to, where that
+    leaves its output unchanged (fixed-resolution processors; checked at start)."""
 
 
 class TracingSettings(BaseModel):

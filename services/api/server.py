@@ -36,6 +36,7 @@ from cache_actor import CacheActor
 
 from ..config import Settings
 from ..engine.encoder import VisionEncoder
+from ..engine.shrink import ProcessorShrink
 from ..engine.worker import EngineWorker
 from ..models import image_tokens, model_config, prepare_default_model
 from ..observability.lookups import Observers
@@ -135,7 +136,7 @@ class MmgateServer:
         if not self.engine.model_path:
             # the first start converts the embedded default model (~20 s): off the loop
             self.engine.use_model(await asyncio.to_thread(resolve_model, self.settings))
-        encoder, placeholder_tokens = await asyncio.to_thread(self._plan_media)
+        encoder, placeholder_tokens, shrink = await asyncio.to_thread(self._plan_media)
         await self.engine.start()
         media = media_stage(
             self.settings.media,
@@ -145,6 +146,7 @@ class MmgateServer:
             encoder=encoder,
             placeholder_tokens=placeholder_tokens,
             threads=self.pipeline.threads,
+            shrink=shrink,
         )
         self.pipeline.use_media(media)
         log.info("media mode: %s (%s)", media.mode, media.description)
@@ -171,13 +173,14 @@ class MmgateServer:
             max_concurrent_requests=self.settings.max_concurrent_requests,
         )
 
-    def _plan_media(self) -> tuple[VisionEncoder | None, int]:
+    def _plan_media(self) -> tuple[VisionEncoder | None, int, ProcessorShrink | None]:
         """Before the engine starts (in a thread: it reads the model's files): the encoder
-        mmgate runs, if any, and the tokens one image placeholder takes in the engine."""
+        mmgate runs, if any, the tokens one image placeholder takes in the engine, and how
+        decoded images are shrunk for the cache (if they can be, exactly)."""
         settings = self.settings.media
         config = model_config(self.engine.model_path)
         if "vision_config" not in config:
-            return None, 1
+            return None, 1, None
         encoder = None
         if settings.mode != "pixels":
             try:
@@ -198,7 +201,10 @@ class MmgateServer:
         self.engine.accept_images(
             per_prompt=settings.max_images_per_request, embeddings=encoder is not None
         )
-        return encoder, image_tokens(config)
+        shrink = (
+            ProcessorShrink.load(Path(self.engine.model_path)) if settings.shrink_images else None
+        )
+        return encoder, image_tokens(config), shrink
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain and close everything; safe to call more than once."""

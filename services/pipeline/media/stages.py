@@ -29,7 +29,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Final, final
 
@@ -58,6 +58,11 @@ from .codec import DecodedImage, decode
 
 if TYPE_CHECKING:
     from ...engine.encoder import VisionEncoder
+
+# An image as the model's processor will resize it (services/engine/shrink.py), handed in by
+# the server; None: stored as decoded.
+Shrink = Callable[[Image.Image], Image.Image]
+
 
 log = logging.getLogger("mmgate.media")
 
@@ -162,12 +167,15 @@ class PixelsStage(MediaStage):
         *,
         placeholder_tokens: int,
         threads: StageThreads,
+        shrink: Shrink | None = None,
     ) -> None:
         super().__init__()
         self.settings = settings
         self.cache = cache
         self.model_name = model_name
         self.threads = threads
+        # what the cache stores of a decoded image: the processor's size, where exact
+        self.shrink = shrink
         self._placeholder_tokens = placeholder_tokens
         # Pillow's bomb check: warn beyond this, refuse beyond twice this (process-wide)
         Image.MAX_IMAGE_PIXELS = settings.max_image_pixels
@@ -260,9 +268,10 @@ class PixelsStage(MediaStage):
                     image = await self.threads.run(
                         "decode",
                         functools.partial(
-                            decode,
+                            _decode,
                             max_pixels=settings.max_image_pixels,
                             min_side=settings.min_image_side,
+                            shrink=self.shrink,
                         ),
                         source.data,
                         source.mime_type,
@@ -299,9 +308,15 @@ class EmbeddingsStage(PixelsStage):
         encoder: VisionEncoder,
         *,
         threads: StageThreads,
+        shrink: Shrink | None = None,
     ) -> None:
         super().__init__(
-            settings, cache, model_name, placeholder_tokens=encoder.image_tokens, threads=threads
+            settings,
+            cache,
+            model_name,
+            placeholder_tokens=encoder.image_tokens,
+            threads=threads,
+            shrink=shrink,
         )
         self.encoder = encoder
 
@@ -347,15 +362,29 @@ def media_stage(
     encoder: VisionEncoder | None,
     placeholder_tokens: int,
     threads: StageThreads,
+    shrink: Shrink | None = None,
 ) -> MediaStage:
     """The variant for a started engine: chosen once, never tested for again."""
     if not takes_images:
         return NoImages(model_name)
     if encoder is not None:
-        return EmbeddingsStage(settings, cache, model_name, encoder, threads=threads)
+        return EmbeddingsStage(settings, cache, model_name, encoder, threads=threads, shrink=shrink)
     return PixelsStage(
-        settings, cache, model_name, placeholder_tokens=placeholder_tokens, threads=threads
+        settings,
+        cache,
+        model_name,
+        placeholder_tokens=placeholder_tokens,
+        threads=threads,
+        shrink=shrink,
     )
+
+
+def _decode(
+    data: bytes, mime_type: str, *, max_pixels: int, min_side: int, shrink: Shrink | None
+) -> Image.Image:
+    """In the decode stage's thread: decode, then keep what the processor will use."""
+    image = decode(data, mime_type, max_pixels=max_pixels, min_side=min_side)
+    return shrink(image) if shrink is not None else image
 
 
 def _image_key(model_name: str, digest: str) -> str:
