@@ -247,5 +247,11 @@ class EngineWorker:
             return
         self._closed = True
         engine, self._engine = self._engine, None
+        # mmgate's use of the engine stops before the engine: vLLM's shutdown stops the core
+        # first, and an output handler still waiting on it then logs EngineDeadError's traceback
+        handler = getattr(engine, "output_handler", None)
+        if isinstance(handler, asyncio.Task) and not handler.done():
+            handler.cancel()
+            await asyncio.gather(handler, return_exceptions=True)
         # shutdown() joins the engine core process: off the loop, so health keeps answering
         await asyncio.to_thread(engine.shutdown)
