@@ -31,7 +31,8 @@ async def test_the_output_handler_stops_before_the_engine_core(
 
     engine: Any = worker._engine
     handler = engine.output_handler
-    assert handler is not None and not handler.done()  # waiting for the engine's next output
+    assert handler is not None
+    assert not handler.done()  # waiting for the engine's next output
     core = engine.engine_core
     handler_done_at_core_shutdown: list[bool] = []
     shut_down = core.shutdown
