@@ -71,7 +71,11 @@ def render_stats(stats: cache_pb2.GetStatsResponse) -> str:
             f"{a.tier_errors:,} read errors, {a.tier_write_errors:,} write errors",
         ),
     ]
+    h = stats.engine_health
+    silence = f", no step for {h.seconds_since_step:.1f} s" if h.seconds_since_step >= 1 else ""
     engine = [
+        ("state", f"{h.state or '-'}{silence}"),
+        ("in flight, stalls", f"{h.in_flight:,}, {h.stalls:,}"),
         ("running, waiting", f"{e.running:,}, {e.waiting:,}"),
         ("KV cache usage", f"{e.kv_cache_usage:.1%}"),
         ("aborted", f"{e.aborted:,}"),

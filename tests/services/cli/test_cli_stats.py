@@ -50,6 +50,9 @@ def busy_stats() -> pb.GetStatsResponse:
             aborted=1,
         ),
         media=pb.MediaStats(decodes=4, encodes=2, rejected=1, not_held=5),
+        engine_health=pb.EngineHealth(
+            state="stalled", in_flight=3, seconds_since_step=21.5, stalls=1
+        ),
     )
 
 
@@ -92,6 +95,8 @@ def test_the_table_shows_the_actors_health_and_the_engine() -> None:
     assert row(text, "recursion rejections") == ["1"]
     assert row(text, "compute timeouts") == ["2"]
     assert "breaker OPEN, 6 read errors" in text
+    assert row(text, "state") == ["stalled,", "no", "step", "for", "21.5", "s"]
+    assert row(text, "in flight, stalls") == ["3,", "1"]
     assert row(text, "running, waiting") == ["1,", "2"]
     assert row(text, "KV cache usage") == ["25.0%"]
     assert row(text, "aborted") == ["1"]

@@ -67,5 +67,6 @@ async def test_cancelled_waves_stay_within_the_limit(server: RunningServer) -> N
             return engine.running + engine.waiting == 0 and stats.engine_health.in_flight == 0
 
         await eventually(idle, timeout=30)
+    print(f"\npeak requests: in the engine {peak['engine']}, open in mmgate {peak['mmgate']}")
     assert peak["engine"] <= LIMIT, peak
     assert peak["mmgate"] <= LIMIT, peak
