@@ -88,8 +88,10 @@ class LoopHeartbeat:
                     self._loop_stack(),
                 )
                 if self.on_block is not None:
-                    # runs first thing when the loop moves again
-                    loop.call_soon_threadsafe(self.on_block)
+                    try:  # runs first thing when the loop moves again
+                        loop.call_soon_threadsafe(self.on_block)
+                    except RuntimeError:  # the loop has closed meanwhile
+                        return
             elif silent < self.block_seconds and self.blocked_since is not None:
                 log.warning(
                     "event loop moved again after %.1f s", self._last_beat - self.blocked_since

@@ -235,17 +235,17 @@ class _ServiceCollector:
         stale.add_metric([], self.metrics.stale_scrapes)
         yield stale
         heartbeat = self.metrics.heartbeat
-        if heartbeat is not None:
-            # read from the heartbeat's thread: true while the loop itself cannot answer
-            yield GaugeMetricFamily(
-                "mmgate_event_loop_blocked",
-                "1 while the event loop has not answered the heartbeat for loop_block_seconds.",
-                value=float(heartbeat.blocked),
-            )
-            yield CounterMetricFamily(
-                "mmgate_event_loop_blocks_total",
-                "Times the event loop was blocked for loop_block_seconds or longer.",
-                value=heartbeat.blocks,
-            )
+        # read from the heartbeat's thread: true while the loop itself cannot answer (0 before
+        # the server has started watching)
+        yield GaugeMetricFamily(
+            "mmgate_event_loop_blocked",
+            "1 while the event loop has not answered the heartbeat for loop_block_seconds.",
+            value=float(heartbeat is not None and heartbeat.blocked),
+        )
+        yield CounterMetricFamily(
+            "mmgate_event_loop_blocks_total",
+            "Times the event loop was blocked for loop_block_seconds or longer.",
+            value=heartbeat.blocks if heartbeat is not None else 0,
+        )
         if snapshot is not None:
             yield from families(snapshot)

@@ -36,6 +36,9 @@ ALERTS = {
     "MmgateEngineNotReady",
     "MmgateActorDead",
     "MmgateRecursionRejections",
+    "MmgateEngineStalled",
+    "MmgateEventLoopBlocked",
+    "MmgateStageThreadsSaturated",
 }
 PROMQL_KEYWORDS = {
     "and",
