@@ -67,6 +67,16 @@ def resolve_model(settings: Settings) -> str:
 
 
 @final
+@dataclasses.dataclass(frozen=True, slots=True)
+class MediaPlan:
+    """What the media stage is built from, read from the model's files before the engine starts."""
+
+    encoder: VisionEncoder | None  # the vision encoder mmgate runs (embeddings mode)
+    placeholder_tokens: int  # the tokens one image placeholder takes in the engine
+    shrink: ProcessorShrink | None  # decoded images at the processor's size, where exact
+
+
+@final
 class MmgateServer:
     def __init__(
         self, settings: Settings, *, model: str | None = None, tracing: Tracing | None = None
@@ -136,17 +146,17 @@ class MmgateServer:
         if not self.engine.model_path:
             # the first start converts the embedded default model (~20 s): off the loop
             self.engine.use_model(await asyncio.to_thread(resolve_model, self.settings))
-        encoder, placeholder_tokens, shrink = await asyncio.to_thread(self._plan_media)
+        plan = await asyncio.to_thread(self._plan_media)
         await self.engine.start()
         media = media_stage(
             self.settings.media,
             self.cache,
             self.engine.model_name,
             takes_images=self.engine.takes_images,
-            encoder=encoder,
-            placeholder_tokens=placeholder_tokens,
+            encoder=plan.encoder,
+            placeholder_tokens=plan.placeholder_tokens,
             threads=self.pipeline.threads,
-            shrink=shrink,
+            shrink=plan.shrink,
         )
         self.pipeline.use_media(media)
         log.info("media mode: %s (%s)", media.mode, media.description)
@@ -173,14 +183,12 @@ class MmgateServer:
             max_concurrent_requests=self.settings.max_concurrent_requests,
         )
 
-    def _plan_media(self) -> tuple[VisionEncoder | None, int, ProcessorShrink | None]:
-        """Before the engine starts (in a thread: it reads the model's files): the encoder
-        mmgate runs, if any, the tokens one image placeholder takes in the engine, and how
-        decoded images are shrunk for the cache (if they can be, exactly)."""
+    def _plan_media(self) -> MediaPlan:
+        """Before the engine starts (in a thread: it reads the model's files)."""
         settings = self.settings.media
         config = model_config(self.engine.model_path)
         if "vision_config" not in config:
-            return None, 1, None
+            return MediaPlan(encoder=None, placeholder_tokens=1, shrink=None)
         encoder = None
         if settings.mode != "pixels":
             try:
