@@ -209,10 +209,12 @@ class MmgateServer:
         self.engine.accept_images(
             per_prompt=settings.max_images_per_request, embeddings=encoder is not None
         )
-        shrink = (
-            ProcessorShrink.load(Path(self.engine.model_path)) if settings.shrink_images else None
+        model_dir = Path(self.engine.model_path)
+        return MediaPlan(
+            encoder=encoder,
+            placeholder_tokens=image_tokens(config),
+            shrink=ProcessorShrink.load(model_dir) if settings.shrink_images else None,
         )
-        return encoder, image_tokens(config), shrink
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain and close everything; safe to call more than once."""
