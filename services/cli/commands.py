@@ -4,6 +4,7 @@ mmgate serve [--port 50051 --engine.model PATH ...]   settings: env MMGATE_*, fl
 mmgate generate "What is the capital of France?" [--stream] [--max-tokens N] [--raw]
 mmgate generate "What is in the picture?" --image photo.jpg   (a vision model)
 mmgate stats [--target HOST:PORT] [--watch [SECONDS] [--count N]]
+mmgate bench [--concurrency N | --rate R] (--requests N | --duration S) [--json F] [--plot F]
 mmgate models prepare [--cache DIR]
 mmgate models tiny PATH [--seed N]          a tiny random Llama (tests)
 mmgate models tiny-llava PATH [--seed N]    a tiny random LLaVA (multimodal tests)
@@ -23,6 +24,7 @@ from pathlib import Path
 import grpc
 
 from ..client import DEFAULT_TARGET, MmgateClient
+from . import bench
 from .stats_view import render_stats
 
 
@@ -169,6 +171,7 @@ def _parser() -> argparse.ArgumentParser:
     stats.add_argument(
         "--count", type=_positive_count, metavar="N", help="with --watch: stop after N tables"
     )
+    bench.add_parser(commands)
     models = commands.add_parser("models", help="model files")
     model_commands = models.add_subparsers(dest="models_command", required=True)
     prepare = model_commands.add_parser("prepare", help="convert the embedded default model")
@@ -194,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_generate(args))
         if args.command == "stats":
             return asyncio.run(_stats(args))
+        if args.command == "bench":
+            return bench.main(args)
         return _models(args)
     except grpc.aio.AioRpcError as error:
         sys.stderr.write(f"mmgate: {error.code().name}: {error.details()}\n")

@@ -1,0 +1,229 @@
+"""``mmgate bench``: load for any mmgate address, and what it did, in figures.
+
+mmgate bench --target HOST:PORT --concurrency 16 --requests 500
+mmgate bench --rate 20 --duration 60 --image-ratio 0.5 --image-repeat 0.8 --working-set 32
+mmgate bench ... --json run.json --plot run.png
+
+options ─▶ Mix (workload.py) and Limits (load.py) ─▶ run: closed or open loop, a progress bar
+    ─▶ Summary (report.py): throughput, TTFT and end-to-end p50/p90/p99, status codes,
+       cache lookups by stage/outcome/tier, the client's own CPU ─▶ text, --json, --plot
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ...client import DEFAULT_TARGET, MmgateClient
+from .load import Limits, Outcome, run
+from .report import Summary, plot, render, summarize
+from .workload import Mix, Workload
+
+
+def add_parser(commands: Any) -> argparse.ArgumentParser:
+    bench: argparse.ArgumentParser = commands.add_parser(
+        "bench",
+        help="load a running mmgate and report what it did",
+        description="Send a reproducible load to a running mmgate and report throughput, "
+        "latency percentiles, status codes and cache outcomes.",
+    )
+    bench.add_argument(
+        "--target", metavar="HOST:PORT", default=DEFAULT_TARGET, help="HOST:PORT of mmgate"
+    )
+    bench.add_argument("--tenant", help="the x-mmgate-tenant header of every request")
+    bench.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=_positive,
+        default=120.0,
+        help="each request's deadline, in seconds",
+    )
+    loop = bench.add_argument_group("load (a closed loop unless --rate is given)")
+    loop.add_argument(
+        "--concurrency",
+        metavar="N",
+        type=_count,
+        default=8,
+        help="closed loop: requests in flight (8)",
+    )
+    loop.add_argument(
+        "--rate",
+        metavar="PER_SECOND",
+        type=_positive,
+        help="open loop: requests per second (Poisson arrivals)",
+    )
+    loop.add_argument(
+        "--max-in-flight",
+        metavar="N",
+        type=_count,
+        default=256,
+        help="open loop: arrivals beyond this many in flight are not sent, and counted (256)",
+    )
+    loop.add_argument("--requests", metavar="N", type=_count, help="stop after this many requests")
+    loop.add_argument(
+        "--duration", metavar="SECONDS", type=_positive, help="stop sending after this many seconds"
+    )
+    mix = bench.add_argument_group("requests")
+    mix.add_argument(
+        "--max-tokens", metavar="N", type=_count, default=32, help="tokens per answer (32)"
+    )
+    mix.add_argument(
+        "--prompt-words", metavar="N", type=_count, default=12, help="words per prompt (12)"
+    )
+    mix.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
+    mix.add_argument("--cache-policy", choices=["prompt", "response", "bypass"], default="prompt")
+    mix.add_argument(
+        "--image-ratio",
+        metavar="SHARE",
+        type=_share,
+        default=0.0,
+        help="share of requests with an image (0)",
+    )
+    mix.add_argument(
+        "--image-repeat",
+        metavar="SHARE",
+        type=_share,
+        default=0.5,
+        help="share of image requests that reuse an image of the working set (0.5)",
+    )
+    mix.add_argument(
+        "--working-set", metavar="N", type=_count, default=16, help="distinct images to reuse (16)"
+    )
+    mix.add_argument(
+        "--image-size",
+        metavar="WxH",
+        type=_size,
+        default=(64, 48),
+        help="WIDTHxHEIGHT of images (64x48)",
+    )
+    mix.add_argument(
+        "--burst-every",
+        metavar="N",
+        type=int,
+        default=0,
+        help="after every N requests, a burst of identical deterministic requests (0: none)",
+    )
+    mix.add_argument(
+        "--burst-size",
+        metavar="N",
+        type=_count,
+        default=8,
+        help="identical requests in a burst (8)",
+    )
+    mix.add_argument("--seed", type=int, default=0, help="the same seed sends the same requests")
+    out = bench.add_argument_group("output")
+    out.add_argument(
+        "--json", metavar="PATH", type=Path, help="write the summary and every request as JSON"
+    )
+    out.add_argument(
+        "--plot", metavar="PATH", type=Path, help="write a PNG of latency over time and its spread"
+    )
+    out.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (none when not a terminal)"
+    )
+    return bench
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.requests is None and args.duration is None:
+        sys.stderr.write("mmgate bench: give --requests, --duration or both\n")
+        return 2
+    mix = Mix(
+        max_tokens=args.max_tokens,
+        prompt_words=args.prompt_words,
+        temperature=args.temperature,
+        cache_policy=args.cache_policy,
+        image_ratio=args.image_ratio,
+        image_repeat=args.image_repeat,
+        working_set=args.working_set,
+        image_size=args.image_size,
+        burst_every=args.burst_every,
+        burst_size=args.burst_size,
+        seed=args.seed,
+    )
+    limits = Limits(
+        requests=args.requests,
+        duration=args.duration,
+        concurrency=args.concurrency,
+        rate=args.rate,
+        max_in_flight=args.max_in_flight,
+        timeout=args.timeout,
+    )
+    progress = not args.no_progress and sys.stderr.isatty()
+    outcomes, summary = asyncio.run(_bench(args.target, args.tenant, mix, limits, progress))
+    sys.stdout.write(render(summary, args.target))
+    if args.json is not None:
+        document = {
+            "target": args.target,
+            "mix": _plain(mix),
+            "limits": _plain(limits),
+            "summary": summary.to_json(),
+            "requests": [_plain(outcome) for outcome in outcomes],
+        }
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+    if args.plot is not None:
+        plot(outcomes, summary, args.plot, args.target)
+    return 0
+
+
+async def _bench(
+    target: str, tenant: str | None, mix: Mix, limits: Limits, progress: bool
+) -> tuple[list[Outcome], Summary]:
+    bar: Any = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=limits.requests, unit="req", file=sys.stderr)
+    cpu = time.process_time()
+    try:
+        async with MmgateClient(target, tenant=tenant, timeout=limits.timeout) as client:
+            outcomes, dropped, wall = await run(
+                client,
+                Workload(mix),
+                limits,
+                on_done=(lambda outcome: bar.update(1)) if bar is not None else lambda o: None,
+            )
+    finally:
+        if bar is not None:
+            bar.close()
+    return outcomes, summarize(outcomes, dropped, wall, time.process_time() - cpu)
+
+
+def _plain(value: Any) -> dict[str, Any]:
+    return {name: getattr(value, name) for name in value.__slots__}
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be a positive number")
+    return value
+
+
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError("must be between 0 and 1")
+    return value
+
+
+def _size(text: str) -> tuple[int, int]:
+    width, sep, height = text.lower().partition("x")
+    if not sep or not width.isdigit() or not height.isdigit() or min(int(width), int(height)) < 8:
+        raise argparse.ArgumentTypeError("WIDTHxHEIGHT, each side 8 or more")
+    return int(width), int(height)
+
+
+__all__ = ["add_parser", "main"]
