@@ -46,7 +46,7 @@ def test_a_closed_loop_run_reports_and_plots(server: RunningServer, tmp_path: Pa
     assert lookups["prompt/miss/none"] >= 1
     # a burst of identical deterministic requests: one engine run, shared
     assert sum(v for k, v in lookups.items() if k.startswith("response/")) == 4
-    assert summary["ttft_ms"]["p50"] is not None  # type: ignore[index]
+    assert summary["ttft_ms"]["p50"] is not None
     for line in ("throughput", "time to first token", "end to end", "FAILED_PRECONDITION"):
         assert line in out
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
