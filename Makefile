@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(ENGINE)
 HOST ?= 127.0.0.1
 PORT ?= 50051
 
-.PHONY: all install test lint typecheck architecture unit proto serve bench bench-cache bench-service bench-images bench-observability clean
+.PHONY: all install test lint typecheck architecture unit proto serve bench bench-cache bench-service bench-images bench-observability soak reliability-report clean
 
 all: test
 
@@ -85,6 +85,14 @@ bench-observability: $(STAMP)
 	$(BIN)/python -m bench.observability
 
 bench: bench-cache bench-service bench-images bench-observability
+
+# the reliability suites' long forms (tests/reliability; their short forms run in make test)
+soak: $(STAMP)
+	MMGATE_SOAK=1 $(BIN)/python -m pytest tests/reliability --timeout 3600
+
+# docs/reliability.md from the last run's build/reliability/*.json
+reliability-report: $(STAMP)
+	$(BIN)/python -m tests.reliability.report
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

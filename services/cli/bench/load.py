@@ -36,7 +36,7 @@ class Outcome:
     ttft: float | None = None
     latency: float = 0.0
     tokens: int = 0
-    # (stage, outcome, tier) of each cache lookup the server reported
+    # (stage, outcome, tier) of each cache lookup the server reported (an image as one)
     lookups: list[tuple[str, str, str]] = field(default_factory=list)
 
 
@@ -61,10 +61,11 @@ async def one(client: MmgateClient, planned: Planned, began: float, timeout: flo
                     outcome.ttft = time.perf_counter() - start
                 outcome.tokens += len(event.delta.token_ids)
             else:
+                cache = event.final.cache
                 outcome.lookups = [
                     (lookup.stage, lookup.outcome, lookup.tier or "none")
-                    for lookup in event.final.cache.lookups
-                ]
+                    for lookup in cache.lookups
+                ] + [("image", image.outcome, image.tier or "none") for image in cache.images]
     except grpc.aio.AioRpcError as error:
         outcome.code = error.code().name
     outcome.latency = time.perf_counter() - start

@@ -62,6 +62,11 @@ def decode(data: bytes, mime_type: str, *, max_pixels: int, min_side: int) -> Im
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
         if isinstance(exc, ImageRejected):
             raise
+        if str(exc).startswith("Decompressed data too large"):
+            # Pillow names its own constant (PngImagePlugin.MAX_TEXT_CHUNK) here
+            raise ImageRejected(
+                f"corrupt {sniffed} image: a compressed chunk inflates past the limit (a zlib bomb)"
+            ) from None
         reason = _OBJECT_REPR.sub("", str(exc)) or type(exc).__name__
         raise ImageRejected(f"corrupt {sniffed} image: {reason}") from None
 
