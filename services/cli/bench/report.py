@@ -139,10 +139,12 @@ def plot(outcomes: list[Outcome], summary: Summary, path: Path, target: str) -> 
     latencies = [o.latency * 1000 for o in ok]
     if latencies:
         spread.hist(latencies, bins=min(50, max(5, len(latencies) // 5)))
-    for name, value in summary.latency_ms.items():
+    for (name, value), style in zip(summary.latency_ms.items(), ("--", "-.", ":"), strict=True):
         if value is not None:
-            spread.axvline(value, linestyle="--", color="black", linewidth=0.8)
-            spread.annotate(name, (value, 0), rotation=90, va="bottom", ha="right")
+            spread.axvline(
+                value, linestyle=style, color="black", linewidth=1, label=f"{name} {value:,.0f} ms"
+            )
+    spread.legend(loc="upper left")
     spread.set_xlabel("end-to-end latency (ms)")
     spread.set_ylabel("requests")
     spread.set_title("latency distribution")
