@@ -24,7 +24,7 @@ from pathlib import Path
 import grpc
 
 from ..client import DEFAULT_TARGET, MmgateClient
-from . import bench
+from . import arguments, bench
 from .stats_view import render_stats
 
 
@@ -104,20 +104,6 @@ async def _watch_stats(
         loop.remove_signal_handler(signal.SIGINT)
 
 
-def _positive_count(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
-def _interval(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError("must be a positive number of seconds")
-    return value
-
-
 def _models(args: argparse.Namespace) -> int:
     from .. import models
 
@@ -163,13 +149,13 @@ def _parser() -> argparse.ArgumentParser:
     stats.add_argument(
         "--watch",
         nargs="?",
-        type=_interval,
+        type=arguments.positive,
         const=2.0,
         metavar="SECONDS",
         help="redraw every SECONDS (default 2) until Ctrl-C",
     )
     stats.add_argument(
-        "--count", type=_positive_count, metavar="N", help="with --watch: stop after N tables"
+        "--count", type=arguments.count, metavar="N", help="with --watch: stop after N tables"
     )
     bench.add_parser(commands)
     models = commands.add_parser("models", help="model files")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ...client import DEFAULT_TARGET, MmgateClient
+from .. import arguments
 from .load import Limits, Outcome, run
 from .report import Summary, plot, render, summarize
 from .workload import Mix, Workload
@@ -39,7 +40,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     bench.add_argument(
         "--timeout",
         metavar="SECONDS",
-        type=_positive,
+        type=arguments.positive,
         default=120.0,
         help="each request's deadline, in seconds",
     )
@@ -47,57 +48,70 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     loop.add_argument(
         "--concurrency",
         metavar="N",
-        type=_count,
+        type=arguments.count,
         default=8,
         help="closed loop: requests in flight (8)",
     )
     loop.add_argument(
         "--rate",
         metavar="PER_SECOND",
-        type=_positive,
+        type=arguments.positive,
         help="open loop: requests per second (Poisson arrivals)",
     )
     loop.add_argument(
         "--max-in-flight",
         metavar="N",
-        type=_count,
+        type=arguments.count,
         default=256,
         help="open loop: arrivals beyond this many in flight are not sent, and counted (256)",
     )
-    loop.add_argument("--requests", metavar="N", type=_count, help="stop after this many requests")
     loop.add_argument(
-        "--duration", metavar="SECONDS", type=_positive, help="stop sending after this many seconds"
+        "--requests", metavar="N", type=arguments.count, help="stop after this many requests"
+    )
+    loop.add_argument(
+        "--duration",
+        metavar="SECONDS",
+        type=arguments.positive,
+        help="stop sending after this many seconds",
     )
     mix = bench.add_argument_group("requests")
     mix.add_argument(
-        "--max-tokens", metavar="N", type=_count, default=32, help="tokens per answer (32)"
+        "--max-tokens", metavar="N", type=arguments.count, default=32, help="tokens per answer (32)"
     )
     mix.add_argument(
-        "--prompt-words", metavar="N", type=_count, default=12, help="words per prompt (12)"
+        "--prompt-words",
+        metavar="N",
+        type=arguments.count,
+        default=12,
+        help="words per prompt (12)",
     )
     mix.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
     mix.add_argument("--cache-policy", choices=["prompt", "response", "bypass"], default="prompt")
     mix.add_argument(
         "--image-ratio",
         metavar="SHARE",
-        type=_share,
+        type=arguments.share,
         default=0.0,
         help="share of requests with an image (0)",
     )
     mix.add_argument(
         "--image-repeat",
         metavar="SHARE",
-        type=_share,
+        type=arguments.share,
         default=0.5,
         help="share of image requests that reuse an image of the working set (0.5)",
     )
     mix.add_argument(
-        "--working-set", metavar="N", type=_count, default=16, help="distinct images to reuse (16)"
+        "--working-set",
+        metavar="N",
+        type=arguments.count,
+        default=16,
+        help="distinct images to reuse (16)",
     )
     mix.add_argument(
         "--image-size",
         metavar="WxH",
-        type=_size,
+        type=arguments.size,
         default=(64, 48),
         help="WIDTHxHEIGHT of images (64x48)",
     )
@@ -111,7 +125,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     mix.add_argument(
         "--burst-size",
         metavar="N",
-        type=_count,
+        type=arguments.count,
         default=8,
         help="identical requests in a burst (8)",
     )
@@ -196,34 +210,6 @@ async def _bench(
 
 def _plain(value: Any) -> dict[str, Any]:
     return {name: getattr(value, name) for name in value.__slots__}
-
-
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
-def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError("must be a positive number")
-    return value
-
-
-def _share(text: str) -> float:
-    value = float(text)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError("must be between 0 and 1")
-    return value
-
-
-def _size(text: str) -> tuple[int, int]:
-    width, sep, height = text.lower().partition("x")
-    if not sep or not width.isdigit() or not height.isdigit() or min(int(width), int(height)) < 8:
-        raise argparse.ArgumentTypeError("WIDTHxHEIGHT, each side 8 or more")
-    return int(width), int(height)
 
 
 __all__ = ["add_parser", "main"]
