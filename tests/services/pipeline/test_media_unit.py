@@ -19,6 +19,7 @@ from services.pipeline.prompts import content_parts
 from services.pipeline.threads import StageThreads
 from services.proto.mmgate.v1 import inference_pb2 as pb
 from services.types import ImageInput
+from tests.support import eventually
 
 from ..imagegen import corrupt_png, encoded, picture, png, png_bomb
 from ..reentering import ReEntering
@@ -219,9 +220,19 @@ async def test_a_corrupt_image_is_invalid_and_not_cached(pipeline: PixelsStage) 
         await pipeline.prepare([data(png(1)), data(corrupt_png(2), 1)], "default", TIMEOUT)
     assert [v.field for v in caught.value.violations] == ["images[1]"]
     assert pipeline.stats.rejected == 1
-    stats = pipeline.cache.stats()
-    assert stats.entries == 1  # the good image only; the failure is not stored
-    assert stats.flights == 0
+    # the failure is not stored (the good image's decode, if it was still queued for a thread
+    # when the request failed, was cancelled with it; one that had started is stored)
+    corrupt = pipeline.stage_keys(digest_of(corrupt_png(2)))["image"]
+
+    async def settled() -> bool:
+        return pipeline.cache.stats().flights == 0
+
+    await eventually(settled, timeout=10)
+    assert (await pipeline.cache.inspect(corrupt)).state == "absent"
+    assert pipeline.cache.stats().entries <= 1
+    # and the corrupt image is refused again, not served from anywhere
+    with pytest.raises(InvalidRequest):
+        await pipeline.prepare([data(corrupt_png(2))], "default", TIMEOUT)
 
 
 async def test_a_miss_path_that_looks_the_image_up_again_fails_fast() -> None:
