@@ -5,7 +5,8 @@
      ├── ImageRejected         bytes mmgate will not decode (the media stage names the image)
      ├── ImageNotHeld          a digest this server does not hold (any more): resend the bytes
      ├── ModelTakesNoImages    images sent to a text-only model
-     └── EngineUnavailable     the engine is not started, has failed, or is shutting down
+     ├── EngineUnavailable     the engine is not started, has failed, or is shutting down
+ └── InjectedFault         a failure injected on purpose (MMGATE_CHAOS__*, reliability runs)
 
 The cache actor's own errors (cache_actor.errors) stay its own; services/api/status.py maps both
 trees, and anything else, to one status each.
@@ -61,10 +62,19 @@ class EngineUnavailable(MmgateError, RuntimeError):
     """The engine is not started, has failed, or is shutting down."""
 
 
+class InjectedFault(MmgateError, RuntimeError):
+    """A failure injected on purpose by the chaos settings: what ``point`` names failed."""
+
+    def __init__(self, point: str) -> None:
+        super().__init__(f"injected fault: {point} failed")
+        self.point = point
+
+
 __all__ = [
     "EngineUnavailable",
     "ImageNotHeld",
     "ImageRejected",
+    "InjectedFault",
     "InvalidRequest",
     "MmgateError",
     "ModelTakesNoImages",

@@ -25,6 +25,7 @@ DRAINING: Final = "DRAINING"
 ENGINE_UNAVAILABLE: Final = "ENGINE_UNAVAILABLE"
 CACHE_UNAVAILABLE: Final = "CACHE_UNAVAILABLE"
 MODEL_TAKES_NO_IMAGES: Final = "MODEL_TAKES_NO_IMAGES"
+INJECTED_FAULT: Final = "INJECTED_FAULT"  # a chaos run's fault (never with chaos off)
 
 # In a prompt or a chat message, where the request's next image goes.
 IMAGE_PLACEHOLDER: Final = "<image>"
@@ -54,6 +55,7 @@ __all__ = [
     "ERROR_DOMAIN",
     "IMAGE_NOT_FOUND",
     "IMAGE_PLACEHOLDER",
+    "INJECTED_FAULT",
     "MIME_TYPES",
     "MODEL_TAKES_NO_IMAGES",
     "OVERLOADED",

@@ -157,6 +157,7 @@ class MmgateServer:
             placeholder_tokens=plan.placeholder_tokens,
             threads=self.pipeline.threads,
             shrink=plan.shrink,
+            chaos=self.pipeline.chaos,
         )
         self.pipeline.use_media(media)
         log.info("media mode: %s (%s)", media.mode, media.description)
@@ -181,6 +182,8 @@ class MmgateServer:
             media_mode=media.mode,
             active_requests=self.inference.active,
             max_concurrent_requests=self.settings.max_concurrent_requests,
+            chaos_enabled=self.pipeline.chaos.enabled,
+            chaos_injected=dict(self.pipeline.chaos.injected),
         )
 
     def _plan_media(self) -> MediaPlan:

@@ -5,6 +5,7 @@ over capacity, CacheOverloaded RESOURCE_EXHAUSTED + ErrorInfo(reason=OVERLOADED)
 ImageNotHeld (image digest)    NOT_FOUND          + ErrorInfo(reason=IMAGE_NOT_FOUND, digest, index)
 ComputeTimeout, deadline       DEADLINE_EXCEEDED
 CacheActorDead, engine down    UNAVAILABLE        + ErrorInfo(reason=...)
+InjectedFault (chaos runs)     UNAVAILABLE        + ErrorInfo(reason=INJECTED_FAULT)
 ModelTakesNoImages             FAILED_PRECONDITION + ErrorInfo(reason=MODEL_TAKES_NO_IMAGES)
 CacheRecursionError            INTERNAL           (the cycle goes to the log, not the client)
 anything else                  INTERNAL           (the log has it; the client gets no class name)
@@ -30,6 +31,7 @@ from cache_actor import (
 from ..errors import (
     EngineUnavailable,
     ImageNotHeld,
+    InjectedFault,
     InvalidRequest,
     ModelTakesNoImages,
     Violation,
@@ -40,6 +42,7 @@ from ..wire import (
     ENGINE_UNAVAILABLE,
     ERROR_DOMAIN,
     IMAGE_NOT_FOUND,
+    INJECTED_FAULT,
     MODEL_TAKES_NO_IMAGES,
     OVERLOADED,
 )
@@ -145,6 +148,8 @@ def from_exception(exc: BaseException) -> ServiceError:
             str(exc) or "the engine is not available",
             reason=ENGINE_UNAVAILABLE,
         )
+    if isinstance(exc, InjectedFault):
+        return ServiceError(grpc.StatusCode.UNAVAILABLE, str(exc), reason=INJECTED_FAULT)
     if type(exc).__name__ == "EngineDeadError":
         # vLLM's own words point at its log ("See stack trace (above)"): the log has them
         log.error("the engine has failed: %s", exc)

@@ -29,11 +29,20 @@ from .stats_view import render_stats
 
 
 def _serve(argv: Sequence[str]) -> int:
+    from pydantic import ValidationError
+
     from ..api.server import serve
     from ..config import Settings
     from ..observability.logs import configure_logging
 
-    settings = Settings(_cli_parse_args=list(argv))
+    try:
+        settings = Settings(_cli_parse_args=list(argv))
+    except ValidationError as exc:
+        # the field and the reason, without pydantic's traceback and URLs
+        for error in exc.errors(include_url=False):
+            field = ".".join(str(part) for part in error["loc"]) or "settings"
+            sys.stderr.write(f"mmgate serve: {field}: {error['msg']}\n")
+        return 2
     # each line carries the trace and span ids of the request it was logged in
     configure_logging(settings.log_level, settings.log_format)
     asyncio.run(serve(settings))

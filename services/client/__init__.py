@@ -34,6 +34,7 @@ from .requests import (
     HeldImages,
     build_request,
     digest_of,
+    error_reason,
     image_not_found,
 )
 from .sync import SyncClient
@@ -47,5 +48,6 @@ __all__ = [
     "SyncClient",
     "build_request",
     "digest_of",
+    "error_reason",
     "image_not_found",
 ]

@@ -65,17 +65,20 @@ def call_metadata(tenant: str | None) -> tuple[tuple[str, str], ...]:
     return ((TENANT_HEADER, tenant),) if tenant else ()
 
 
-def image_not_found(error: grpc.RpcError) -> bool:
-    """The server does not hold an image the request referred to by digest."""
-    if error.code() != grpc.StatusCode.NOT_FOUND:
-        return False
+def error_reason(error: grpc.RpcError) -> str:
+    """The reason of mmgate's ErrorInfo detail (IMAGE_NOT_FOUND, OVERLOADED, ...); "" if none."""
     for key, value in error.trailing_metadata() or ():
         if key == "grpc-status-details-bin":
             for detail in status_pb2.Status.FromString(value).details:
                 info = error_details_pb2.ErrorInfo()
-                if detail.Unpack(info) and info.reason == IMAGE_NOT_FOUND:
-                    return True
-    return False
+                if detail.Unpack(info):
+                    return str(info.reason)
+    return ""
+
+
+def image_not_found(error: grpc.RpcError) -> bool:
+    """The server does not hold an image the request referred to by digest."""
+    return error.code() == grpc.StatusCode.NOT_FOUND and error_reason(error) == IMAGE_NOT_FOUND
 
 
 class HeldImages:
@@ -160,5 +163,6 @@ __all__ = [
     "build_request",
     "call_metadata",
     "digest_of",
+    "error_reason",
     "image_not_found",
 ]

@@ -55,6 +55,8 @@ class Snapshot:
     media_mode: str
     active_requests: int
     max_concurrent_requests: int
+    chaos_enabled: bool
+    chaos_injected: Mapping[tuple[str, str], int]  # (point, fault) -> times injected
 
 
 def media_outcome(outcome: str, tier: str) -> str:
@@ -371,6 +373,19 @@ def _service(s: Snapshot) -> Iterator[Metric]:
         "Requests in progress beyond which new ones get RESOURCE_EXHAUSTED.",
         value=s.max_concurrent_requests,
     )
+    yield GaugeMetricFamily(
+        "mmgate_chaos_enabled",
+        "1 while fault injection is on (MMGATE_CHAOS__ENABLED): failures are on purpose.",
+        value=float(s.chaos_enabled),
+    )
+    injected = CounterMetricFamily(
+        "mmgate_chaos_faults_total",
+        "Faults injected on purpose, by point (decode, encode, engine, loop_block) and fault.",
+        labels=["point", "fault"],
+    )
+    for (point, fault), count in sorted(s.chaos_injected.items()):
+        injected.add_metric([point, fault], count)
+    yield injected
     info = InfoMetricFamily("mmgate", "The model served, the media mode and mmgate's version.")
     info.add_metric([], {"model": s.model, "media_mode": s.media_mode, "version": _VERSION})
     yield info

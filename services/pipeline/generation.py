@@ -27,6 +27,7 @@ from ..engine.protocol import Engine
 from ..errors import EngineUnavailable
 from ..types import EngineDelta, EngineImages, EngineRequest, Finished, ImageReport
 from .budget import fit
+from .chaos import injector
 from .media import MediaStage, NotReady
 from .prompts import PromptStage
 from .request import Request
@@ -51,8 +52,12 @@ class Pipeline:
         self.media: MediaStage = NotReady()
         # the CPU-bound stages' threads; the media stage gets them from the server
         self.threads = StageThreads(settings.threads)
+        # faults on purpose (reliability runs only); the media stage gets it from the server too
+        self.chaos = injector(settings.chaos)
         self.prompts = PromptStage(cache, self.threads)
-        self.responses = SharedResponses(engine, cache, settings.default_deadline_seconds)
+        self.responses = SharedResponses(
+            engine, cache, settings.default_deadline_seconds, self.chaos
+        )
 
     def use_media(self, media: MediaStage) -> None:
         self.media = media
@@ -67,6 +72,7 @@ class Pipeline:
     async def generate(self, request: Request) -> AsyncGenerator[EngineDelta | Finished, None]:
         """The request's token deltas (each with text or tokens), then one Finished."""
         checked, engine, media = request.checked, self.engine, self.media
+        self.chaos.at_request(request.tenant)
         prompt = await self.prompts.prompt(request, engine.model_name, engine.tokenizer)
         expanded = len(prompt.token_ids) + len(checked.images) * (media.placeholder_tokens - 1)
         sampling = fit(checked, expanded, engine.max_model_len, self.settings.default_max_tokens)
@@ -80,16 +86,15 @@ class Pipeline:
         if checked.cache_policy == "response" and sampling.deterministic:
             stream, from_cache = await self.responses.share(request, prompt, sampling, images)
         else:
-            stream = engine.generate(
-                EngineRequest(
-                    request_id=engine_request_id(),
-                    label=checked.request_id,
-                    prompt_token_ids=prompt.token_ids,
-                    sampling=sampling,
-                    images=images,
-                    trace_headers=request.trace_headers or None,
-                )
+            run = EngineRequest(
+                request_id=engine_request_id(),
+                label=checked.request_id,
+                prompt_token_ids=prompt.token_ids,
+                sampling=sampling,
+                images=images,
+                trace_headers=request.trace_headers or None,
             )
+            stream = self.chaos.engine(engine.generate(run), request.tenant)
 
         completion_tokens = 0
         prompt_tokens = 0

@@ -31,6 +31,7 @@ from ..errors import EngineUnavailable
 from ..keys import cache_key
 from ..observability.lookups import stage
 from ..types import EngineDelta, EngineImages, EngineRequest, RenderedPrompt, Sampling
+from .chaos import NoChaos
 from .request import Request
 
 log = logging.getLogger("mmgate.responses")
@@ -110,9 +111,12 @@ class ResponseRecording:
 class SharedResponses:
     """The response stage: identical deterministic requests share one engine run."""
 
-    def __init__(self, engine: Engine, cache: CacheActor, run_deadline: float) -> None:
+    def __init__(
+        self, engine: Engine, cache: CacheActor, run_deadline: float, chaos: NoChaos
+    ) -> None:
         self.engine = engine
         self.cache = cache
+        self.chaos = chaos
         # a producer's own bound: it serves whoever joins, not one caller's deadline
         self.run_deadline = run_deadline
         self._producers: set[asyncio.Task[None]] = set()
@@ -188,7 +192,7 @@ class SharedResponses:
                 await recording.listened.wait()
             async with (
                 asyncio.timeout(self.run_deadline),
-                contextlib.aclosing(self.engine.generate(run)) as deltas,
+                contextlib.aclosing(self.chaos.engine(self.engine.generate(run), tenant)) as deltas,
             ):
                 async for delta in deltas:
                     recording.append(delta)

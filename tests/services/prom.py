@@ -63,6 +63,7 @@ DASHBOARD_NAMES = (
     "mmgate_media_decodes_total",
     "mmgate_media_encodes_total",
     "mmgate_media_rejected_total",
+    "mmgate_chaos_enabled",
     "mmgate_info",
 )
 

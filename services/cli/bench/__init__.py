@@ -130,6 +130,35 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         help="identical requests in a burst (8)",
     )
     mix.add_argument("--seed", type=int, default=0, help="the same seed sends the same requests")
+    rude = bench.add_argument_group("a misbehaving client (reliability runs)")
+    rude.add_argument(
+        "--cancel-ratio",
+        metavar="SHARE",
+        type=arguments.share,
+        default=0.0,
+        help="share of requests the client cancels at a random moment (0); counted as CANCELLED",
+    )
+    rude.add_argument(
+        "--cancel-within",
+        metavar="SECONDS",
+        type=arguments.positive,
+        default=1.0,
+        help="a cancelled request is cancelled within this long of being sent (1)",
+    )
+    rude.add_argument(
+        "--short-deadline-ratio",
+        metavar="SHARE",
+        type=arguments.share,
+        default=0.0,
+        help="share of requests sent with a tiny deadline instead of --timeout (0)",
+    )
+    rude.add_argument(
+        "--short-deadline",
+        metavar="SECONDS",
+        type=arguments.positive,
+        default=0.05,
+        help="the longest of those tiny deadlines, drawn from 1 ms up (0.05)",
+    )
     out = bench.add_argument_group("output")
     out.add_argument(
         "--json", metavar="PATH", type=Path, help="write the summary and every request as JSON"
@@ -147,6 +176,9 @@ def main(args: argparse.Namespace) -> int:
     if args.requests is None and args.duration is None:
         sys.stderr.write("mmgate bench: give --requests, --duration or both\n")
         return 2
+    if args.cancel_ratio + args.short_deadline_ratio > 1:
+        sys.stderr.write("mmgate bench: --cancel-ratio + --short-deadline-ratio exceeds 1\n")
+        return 2
     mix = Mix(
         max_tokens=args.max_tokens,
         prompt_words=args.prompt_words,
@@ -158,6 +190,10 @@ def main(args: argparse.Namespace) -> int:
         image_size=args.image_size,
         burst_every=args.burst_every,
         burst_size=args.burst_size,
+        cancel_ratio=args.cancel_ratio,
+        cancel_within=args.cancel_within,
+        short_deadline_ratio=args.short_deadline_ratio,
+        short_deadline=args.short_deadline,
         seed=args.seed,
     )
     limits = Limits(

@@ -14,6 +14,7 @@ whichever comes first, and wait for what is in flight (each call is bounded by i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Callable
@@ -22,7 +23,8 @@ from typing import final
 
 import grpc
 
-from ...client import MmgateClient
+from ...client import MmgateClient, error_reason
+from ...proto.mmgate.v1 import inference_pb2
 from .workload import Planned, Workload
 
 
@@ -32,7 +34,8 @@ class Outcome:
     index: int
     kind: str
     started: float  # seconds since the run began
-    code: str = "OK"
+    code: str = "OK"  # the gRPC status; CANCELLED: the client cancelled it (cancel_ratio)
+    reason: str = ""  # mmgate's ErrorInfo reason of a failure (OVERLOADED, INJECTED_FAULT, ...)
     ttft: float | None = None
     latency: float = 0.0
     tokens: int = 0
@@ -54,22 +57,30 @@ class Limits:
 async def one(client: MmgateClient, planned: Planned, began: float, timeout: float) -> Outcome:
     start = time.perf_counter()
     outcome = Outcome(planned.index, planned.kind, start - began)
+    stream = client.generate(planned.request, timeout=planned.timeout or timeout)
     try:
-        async for event in client.generate(planned.request, timeout=timeout):
-            if event.HasField("delta"):
-                if outcome.ttft is None and (event.delta.text or event.delta.token_ids):
-                    outcome.ttft = time.perf_counter() - start
-                outcome.tokens += len(event.delta.token_ids)
-            else:
-                cache = event.final.cache
-                outcome.lookups = [
-                    (lookup.stage, lookup.outcome, lookup.tier or "none")
-                    for lookup in cache.lookups
-                ] + [("image", image.outcome, image.tier or "none") for image in cache.images]
+        async with asyncio.timeout(planned.cancel_after), contextlib.aclosing(stream) as events:
+            async for event in events:
+                _take(outcome, event, start)
+    except TimeoutError:  # the client's own cancellation, not a deadline (that is a status)
+        outcome.code = "CANCELLED"
     except grpc.aio.AioRpcError as error:
         outcome.code = error.code().name
+        outcome.reason = error_reason(error)
     outcome.latency = time.perf_counter() - start
     return outcome
+
+
+def _take(outcome: Outcome, event: inference_pb2.GenerateResponse, start: float) -> None:
+    if event.HasField("delta"):
+        if outcome.ttft is None and (event.delta.text or event.delta.token_ids):
+            outcome.ttft = time.perf_counter() - start
+        outcome.tokens += len(event.delta.token_ids)
+    else:
+        cache = event.final.cache
+        outcome.lookups = [
+            (lookup.stage, lookup.outcome, lookup.tier or "none") for lookup in cache.lookups
+        ] + [("image", image.outcome, image.tier or "none") for image in cache.images]
 
 
 async def run(

@@ -50,6 +50,11 @@ class Summary:
         return asdict(self)
 
 
+def status(outcome: Outcome) -> str:
+    """A request's status as reported: the code, and mmgate's reason where it gave one."""
+    return f"{outcome.code} ({outcome.reason})" if outcome.reason else outcome.code
+
+
 def summarize(outcomes: list[Outcome], dropped: int, wall: float, client_cpu: float) -> Summary:
     ok = [o for o in outcomes if o.code == "OK"]
     ttfts = [o.ttft for o in ok if o.ttft is not None]
@@ -65,7 +70,7 @@ def summarize(outcomes: list[Outcome], dropped: int, wall: float, client_cpu: fl
         output_tokens_per_second=sum(o.tokens for o in ok) / wall if wall > 0 else 0.0,
         ttft_ms={f"p{p}": _ms(percentile(ttfts, p)) for p in PERCENTILES},
         latency_ms={f"p{p}": _ms(percentile(latencies, p)) for p in PERCENTILES},
-        codes=dict(sorted(Counter(o.code for o in outcomes).items())),
+        codes=dict(sorted(Counter(status(o) for o in outcomes).items())),
         kinds=dict(sorted(Counter(o.kind for o in outcomes).items())),
         lookups=dict(sorted(lookups.items())),
         client_cpu_share=share,
@@ -157,4 +162,4 @@ def plot(outcomes: list[Outcome], summary: Summary, path: Path, target: str) -> 
     pyplot.close(figure)
 
 
-__all__ = ["Summary", "percentile", "plot", "render", "summarize"]
+__all__ = ["Summary", "percentile", "plot", "render", "status", "summarize"]

@@ -10,6 +10,7 @@ client then sends its digest, as any mmgate client does once the server has it).
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import random
 from dataclasses import dataclass
@@ -34,6 +35,12 @@ class Mix:
     image_size: tuple[int, int] = (64, 48)
     burst_every: int = 0  # 0: no bursts; else after this many requests, one burst
     burst_size: int = 8  # identical requests in a burst
+    # the client misbehaving on purpose (chaos runs): cancelled at a random moment within
+    # cancel_within seconds, or sent with a deadline of at most short_deadline seconds
+    cancel_ratio: float = 0.0
+    cancel_within: float = 1.0
+    short_deadline_ratio: float = 0.0
+    short_deadline: float = 0.05
     seed: int = 0
 
 
@@ -45,6 +52,8 @@ class Planned:
     index: int
     request: inference_pb2.GenerateRequest
     kind: str  # "text", "image", "burst"
+    cancel_after: float | None = None  # the client cancels the call this long after sending
+    timeout: float | None = None  # a deadline of its own, else the run's
 
 
 WORDS = (
@@ -76,6 +85,8 @@ class Workload:
     def __init__(self, mix: Mix) -> None:
         self.mix = mix
         self._rng = random.Random(mix.seed)
+        # the client's misbehaviour draws apart: turning it on does not change the requests
+        self._client_rng = random.Random(f"{mix.seed}-client")
         self._images: list[bytes] = []  # the working set, made as first needed
         self._made = 0
         self._next = 0
@@ -83,6 +94,16 @@ class Workload:
         self._burst: inference_pb2.GenerateRequest | None = None
 
     def next(self) -> Planned:
+        planned = self._request()
+        mix, rng = self.mix, self._client_rng
+        roll = rng.random()
+        if roll < mix.cancel_ratio:
+            return dataclasses.replace(planned, cancel_after=rng.uniform(0, mix.cancel_within))
+        if roll < mix.cancel_ratio + mix.short_deadline_ratio:
+            return dataclasses.replace(planned, timeout=rng.uniform(0.001, mix.short_deadline))
+        return planned
+
+    def _request(self) -> Planned:
         index, self._next = self._next, self._next + 1
         mix = self.mix
         if self._burst_left == 0 and mix.burst_every and index and index % mix.burst_every == 0:

@@ -52,6 +52,7 @@ from ...observability.lookups import stage
 from ...observability.spans import span
 from ...types import EngineImages, ImageInput, ImageReport, MediaForm, MediaStats
 from ...wire import digest_of
+from ..chaos import NoChaos
 from ..request import seconds_left
 from ..threads import StageThreads
 from .codec import DecodedImage, decode
@@ -168,12 +169,14 @@ class PixelsStage(MediaStage):
         placeholder_tokens: int,
         threads: StageThreads,
         shrink: Shrink | None = None,
+        chaos: NoChaos | None = None,
     ) -> None:
         super().__init__()
         self.settings = settings
         self.cache = cache
         self.model_name = model_name
         self.threads = threads
+        self.chaos = chaos if chaos is not None else NoChaos()
         # what the cache stores of a decoded image: the processor's size, where exact
         self.shrink = shrink
         self._placeholder_tokens = placeholder_tokens
@@ -262,6 +265,7 @@ class PixelsStage(MediaStage):
         async def load() -> DecodedImage:
             if source.data is None:
                 raise ImageNotHeld(source.digest, source.index)
+            await self.chaos.inject("decode", tenant)
             started = time.perf_counter()
             try:
                 with span("media.decode", {"mmgate.image.bytes": len(source.data)}):
@@ -309,6 +313,7 @@ class EmbeddingsStage(PixelsStage):
         *,
         threads: StageThreads,
         shrink: Shrink | None = None,
+        chaos: NoChaos | None = None,
     ) -> None:
         super().__init__(
             settings,
@@ -317,6 +322,7 @@ class EmbeddingsStage(PixelsStage):
             placeholder_tokens=encoder.image_tokens,
             threads=threads,
             shrink=shrink,
+            chaos=chaos,
         )
         self.encoder = encoder
 
@@ -337,6 +343,7 @@ class EmbeddingsStage(PixelsStage):
 
         async def encode() -> Embedding:
             decoded = (await self._decoded(source, tenant, deadline)).value
+            await self.chaos.inject("encode", tenant)
             started = time.perf_counter()
             with span("media.encode", {"mmgate.image.tokens": encoder.image_tokens}):
                 tensor = (await self.threads.run("encode", encoder.encode, [decoded.image]))[0]
@@ -363,12 +370,15 @@ def media_stage(
     placeholder_tokens: int,
     threads: StageThreads,
     shrink: Shrink | None = None,
+    chaos: NoChaos | None = None,
 ) -> MediaStage:
     """The variant for a started engine: chosen once, never tested for again."""
     if not takes_images:
         return NoImages(model_name)
     if encoder is not None:
-        return EmbeddingsStage(settings, cache, model_name, encoder, threads=threads, shrink=shrink)
+        return EmbeddingsStage(
+            settings, cache, model_name, encoder, threads=threads, shrink=shrink, chaos=chaos
+        )
     return PixelsStage(
         settings,
         cache,
@@ -376,6 +386,7 @@ def media_stage(
         placeholder_tokens=placeholder_tokens,
         threads=threads,
         shrink=shrink,
+        chaos=chaos,
     )
 
 

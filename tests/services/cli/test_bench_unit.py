@@ -47,6 +47,33 @@ def test_a_burst_is_identical_deterministic_requests() -> None:
     assert first[0].request.sampling.temperature == 0.0
 
 
+def test_a_misbehaving_client_cancels_and_rushes_its_share_without_changing_the_requests() -> None:
+    mix = Mix(image_ratio=0.5, burst_every=10, seed=3)
+    rude = Mix(
+        image_ratio=0.5,
+        burst_every=10,
+        seed=3,
+        cancel_ratio=0.3,
+        cancel_within=0.5,
+        short_deadline_ratio=0.2,
+        short_deadline=0.01,
+    )
+    assert planned(rude, 300) == planned(mix, 300)  # the same requests, sent rudely
+    workload = Workload(rude)
+    plans = [workload.next() for _ in range(1000)]
+    cancelled = [p.cancel_after for p in plans if p.cancel_after is not None]
+    rushed = [p.timeout for p in plans if p.timeout is not None]
+    assert 240 <= len(cancelled) <= 360
+    assert 140 <= len(rushed) <= 260
+    assert all(0 <= seconds <= 0.5 for seconds in cancelled)
+    assert all(0.001 <= seconds <= 0.01 for seconds in rushed)
+    assert not any(p.cancel_after is not None and p.timeout is not None for p in plans)
+    calm = Workload(mix)
+    assert all(
+        p.cancel_after is None and p.timeout is None for p in (calm.next() for _ in range(50))
+    )
+
+
 @pytest.mark.parametrize(("p", "expected"), [(50, 5.0), (90, 9.0), (99, 10.0), (100, 10.0)])
 def test_percentiles_are_nearest_rank(p: float, expected: float) -> None:
     assert percentile([float(v) for v in range(10, 0, -1)], p) == expected
@@ -60,10 +87,15 @@ def test_the_summary_counts_codes_lookups_and_the_client_bound() -> None:
         Outcome(1, "text", 0.1, ttft=0.02, latency=0.2, tokens=4,
                 lookups=[("prompt", "hit", "memory")]),
         Outcome(2, "image", 0.2, code="FAILED_PRECONDITION", latency=0.01),
+        Outcome(3, "text", 0.3, code="UNAVAILABLE", reason="INJECTED_FAULT", latency=0.01),
     ]  # fmt: skip
     summary = summarize(outcomes, dropped=1, wall=2.0, client_cpu=1.9)
-    assert (summary.requests, summary.succeeded, summary.dropped) == (3, 2, 1)
-    assert summary.codes == {"FAILED_PRECONDITION": 1, "OK": 2}
+    assert (summary.requests, summary.succeeded, summary.dropped) == (4, 2, 1)
+    assert summary.codes == {
+        "FAILED_PRECONDITION": 1,
+        "OK": 2,
+        "UNAVAILABLE (INJECTED_FAULT)": 1,
+    }
     assert summary.lookups == {"prompt/hit/memory": 1, "prompt/miss/none": 1}
     assert summary.output_tokens_per_second == 4.0
     assert summary.latency_ms["p50"] == 100.0

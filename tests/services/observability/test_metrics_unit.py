@@ -149,6 +149,8 @@ async def snapshot_of(cache: CacheActor, lookups: dict[tuple[str, str, str], int
         media_mode="embeddings",
         active_requests=0,
         max_concurrent_requests=16,
+        chaos_enabled=True,
+        chaos_injected={("decode", "fail"): 3, ("loop_block", "block"): 1},
     )
 
 
@@ -185,6 +187,8 @@ async def test_every_family_passes_promtool(observed: tuple[Metrics, CacheActor]
     assert exported.value("mmgate_media_decodes_total") == 2
     info = {"model": "tiny", "media_mode": "embeddings", "version": metadata.version("mmgate")}
     assert exported.value("mmgate_info", **info) == 1
+    assert exported.value("mmgate_chaos_enabled") == 1
+    assert exported.value("mmgate_chaos_faults_total", point="decode", fault="fail") == 3
 
 
 def test_time_to_first_token_buckets_hold_their_upper_bound() -> None:
