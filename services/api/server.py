@@ -182,6 +182,7 @@ class MmgateServer:
             media_mode=media.mode,
             active_requests=self.inference.active,
             max_concurrent_requests=self.settings.max_concurrent_requests,
+            loop_tasks=len(asyncio.all_tasks()),
             chaos_enabled=self.pipeline.chaos.enabled,
             chaos_injected=dict(self.pipeline.chaos.injected),
         )

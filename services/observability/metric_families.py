@@ -55,6 +55,7 @@ class Snapshot:
     media_mode: str
     active_requests: int
     max_concurrent_requests: int
+    loop_tasks: int  # asyncio tasks alive on the event loop
     chaos_enabled: bool
     chaos_injected: Mapping[tuple[str, str], int]  # (point, fault) -> times injected
 
@@ -372,6 +373,11 @@ def _service(s: Snapshot) -> Iterator[Metric]:
         "mmgate_inference_max_concurrent_requests",
         "Requests in progress beyond which new ones get RESOURCE_EXHAUSTED.",
         value=s.max_concurrent_requests,
+    )
+    yield GaugeMetricFamily(
+        "mmgate_event_loop_tasks",
+        "asyncio tasks alive on the service's event loop (one that only grows is a leak).",
+        value=s.loop_tasks,
     )
     yield GaugeMetricFamily(
         "mmgate_chaos_enabled",

@@ -1,20 +1,22 @@
-"""The reliability suites: a real server on the tiny LLaVA (real vLLM, real gRPC, pixels and
-text), driven by ``mmgate bench``'s own load loops. The short form runs in ``make test``;
-``MMGATE_SOAK=1`` (``make soak``) runs the long one. Each suite writes what happened to
-``build/reliability/<suite>.json``, from which ``python -m tests.reliability.report`` writes
-docs/reliability.md."""
+"""The reliability suites: real servers on the tiny LLaVA (real vLLM, real gRPC, pixels and
+text; embeddings for chaos and stalls), driven by ``mmgate bench``'s own load loops. The short
+form runs in ``make test``; ``MMGATE_SOAK=1`` (``make soak``) runs the long one. Each suite
+writes what happened to ``build/reliability/<suite>.json``, from which ``python -m
+tests.reliability.report`` writes docs/reliability.md."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from services.models import build_tiny_llava
-from tests.support import ROOT, RunningServer, start_server
+from tests.support import ROOT, RunningServer, engine_core, start_server
 
 SOAK = os.environ.get("MMGATE_SOAK") == "1"
 RESULTS = ROOT / "build" / "reliability"
@@ -33,14 +35,53 @@ def record(suite: str, result: dict[str, object]) -> None:
 
 GRACE_SECONDS = 30
 
+StallResults = dict[str, dict[str, Any]]
+
 
 @pytest.fixture(scope="session")
-def llava_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """One server for every suite; the drain suite, last, ends it with SIGTERM."""
-    model = build_tiny_llava(tmp_path_factory.mktemp("models") / "tiny-llava")
+def stall_results() -> Iterator[StallResults]:
+    """The stalls suite's figures, by stall: build/reliability/stalls.json at the end (its last
+    test runs after every other suite's, so the figures outlive the module)."""
+    figures: StallResults = {}
+    yield figures
+    if figures:
+        record("stalls", {"stalls": figures})
+
+
+# the chaos server's tenants: each its own fault plan; every other tenant gets none
+CHAOS_TENANT = "chaos"
+STALL_TENANT = "stall-decode"  # every image decode stalls
+BLOCK_TENANT = "block-loop"  # every request blocks the event loop for BLOCK_SECONDS
+FAULTS = {"fail": 0.1, "stall": 0.04, "slow": 0.1}
+CHAOS_PLANS = {
+    CHAOS_TENANT: {"decode": FAULTS, "encode": FAULTS, "engine": FAULTS},
+    STALL_TENANT: {"decode": {"stall": 1.0}},
+    BLOCK_TENANT: {"loop_block": 1.0},
+}
+BLOCK_SECONDS = 1.5
+# the watchdogs' thresholds on the chaos server, short enough to measure in a test
+ENGINE_STALL_SECONDS = 1.0
+ENGINE_HUNG_SECONDS = 6.0
+LOOP_BLOCK_SECONDS = 0.5
+LOOP_RECOVER_SECONDS = 1.0
+FLIGHT_STALL_SECONDS = 1.0
+COMPUTE_DEADLINE_SECONDS = 4.0
+HEALTH_INTERVAL_SECONDS = 0.2
+
+
+@pytest.fixture(scope="session")
+def tiny_llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_llava(tmp_path_factory.mktemp("models") / "tiny-llava")
+
+
+@pytest.fixture(scope="session")
+def llava_server(
+    tmp_path_factory: pytest.TempPathFactory, tiny_llava: Path
+) -> Iterator[RunningServer]:
+    """The load, hostile-input and drain suites' server; the drain suite, last, ends it."""
     running = start_server(
         tmp_path_factory.mktemp("reliability"),
-        str(model),
+        str(tiny_llava),
         MMGATE_ENGINE__MAX_MODEL_LEN="512",
         MMGATE_ENGINE__DTYPE="float32",
         MMGATE_MEDIA__MODE="pixels",
@@ -49,6 +90,37 @@ def llava_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSe
     yield running
     if running.process.poll() is None:  # the drain suite did not run (or failed before)
         assert running.stop() == 0, running.log()
+
+
+@pytest.fixture(scope="session")
+def chaos_server(
+    tmp_path_factory: pytest.TempPathFactory, tiny_llava: Path
+) -> Iterator[RunningServer]:
+    """The chaos and stalls suites' server: faults for the tenants above, short watchdogs,
+    embeddings mode (mmgate decodes and encodes); the stalls suite, last, kills its engine."""
+    running = start_server(
+        tmp_path_factory.mktemp("chaos"),
+        str(tiny_llava),
+        MMGATE_ENGINE__DTYPE="float32",
+        MMGATE_MEDIA__MODE="embeddings",
+        MMGATE_CHAOS__ENABLED="true",
+        MMGATE_CHAOS__SEED="11",
+        MMGATE_CHAOS__SLOW_SECONDS="0.2",
+        MMGATE_CHAOS__BLOCK_SECONDS=str(BLOCK_SECONDS),
+        MMGATE_CHAOS__TENANTS=json.dumps(CHAOS_PLANS),
+        MMGATE_HEALTH__INTERVAL_SECONDS=str(HEALTH_INTERVAL_SECONDS),
+        MMGATE_HEALTH__ENGINE_STALL_SECONDS=str(ENGINE_STALL_SECONDS),
+        MMGATE_HEALTH__ENGINE_HUNG_SECONDS=str(ENGINE_HUNG_SECONDS),
+        MMGATE_HEALTH__LOOP_BLOCK_SECONDS=str(LOOP_BLOCK_SECONDS),
+        MMGATE_HEALTH__LOOP_RECOVER_SECONDS=str(LOOP_RECOVER_SECONDS),
+        MMGATE_CACHE__STALL_THRESHOLD=str(FLIGHT_STALL_SECONDS),
+        MMGATE_CACHE__COMPUTE_DEADLINE=str(COMPUTE_DEADLINE_SECONDS),
+    )
+    yield running
+    core = engine_core(running)
+    if core is not None:  # never leave a stopped process behind
+        os.kill(core.pid, signal.SIGCONT)
+    running.stop()  # after the engine's death the exit code is not the point here
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -64,6 +64,7 @@ DASHBOARD_NAMES = (
     "mmgate_media_encodes_total",
     "mmgate_media_rejected_total",
     "mmgate_chaos_enabled",
+    "mmgate_event_loop_tasks",
     "mmgate_info",
 )
 

@@ -149,6 +149,7 @@ async def snapshot_of(cache: CacheActor, lookups: dict[tuple[str, str, str], int
         media_mode="embeddings",
         active_requests=0,
         max_concurrent_requests=16,
+        loop_tasks=12,
         chaos_enabled=True,
         chaos_injected={("decode", "fail"): 3, ("loop_block", "block"): 1},
     )
@@ -188,6 +189,7 @@ async def test_every_family_passes_promtool(observed: tuple[Metrics, CacheActor]
     info = {"model": "tiny", "media_mode": "embeddings", "version": metadata.version("mmgate")}
     assert exported.value("mmgate_info", **info) == 1
     assert exported.value("mmgate_chaos_enabled") == 1
+    assert exported.value("mmgate_event_loop_tasks") == 12
     assert exported.value("mmgate_chaos_faults_total", point="decode", fault="fail") == 3
 
 

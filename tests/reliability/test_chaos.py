@@ -1,0 +1,255 @@
+"""Chaos: decodes, encodes and engine requests fail, stall and slow down on purpose (the server's
+MMGATE_CHAOS__* settings, for one tenant), while the client cancels at random moments and sends
+tiny deadlines. Every request ends with a result or its documented status, and afterwards nothing
+is poisoned, stranded or leaked, and health is SERVING again.
+
+    calm tenant: the reference answers ─▶ chaos tenant: the load, faults and a rude client
+    ─▶ quiet again? (flights, waiters, engine requests, active requests, stage threads, tasks)
+    ─▶ every image key stored or absent, and servable ─▶ shared answers whole ─▶ SERVING
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+
+import grpc
+from grpc_health.v1 import health_pb2
+
+from services.cli.bench.load import Limits, Outcome, run
+from services.cli.bench.report import status
+from services.cli.bench.workload import Mix, Planned, Workload
+from services.client import MmgateClient, digest_of, error_reason
+from services.proto.mmgate.v1 import cache_pb2
+from tests.services.prom import Scrape, scrape
+from tests.support import RunningServer, eventually
+
+from .conftest import CHAOS_PLANS, CHAOS_TENANT, record, scaled
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+CONCURRENCY = 32
+TIMEOUT_SECONDS = 5.0  # each request's deadline: a stalled one ends here
+MIX = Mix(
+    max_tokens=8,
+    image_ratio=0.5,
+    image_repeat=0.5,
+    working_set=12,
+    burst_every=25,
+    burst_size=6,
+    cancel_ratio=0.15,
+    cancel_within=0.5,
+    short_deadline_ratio=0.1,
+    short_deadline=0.05,
+    seed=5,
+)
+# every status a request may end with here, and why
+DOCUMENTED = {
+    "OK",
+    "UNAVAILABLE (INJECTED_FAULT)",  # an injected failure (decode, encode or engine)
+    "DEADLINE_EXCEEDED",  # a tiny deadline, or a stall that outlived the request's deadline
+    "CANCELLED",  # the client cancelled it
+}
+
+
+def ended(outcome: Outcome) -> str:
+    """How a request ended: its code, with mmgate's reason for UNAVAILABLE (a deadline that
+    expires as an injected failure is sent reads DEADLINE_EXCEEDED, with either reason)."""
+    return status(outcome) if outcome.code == "UNAVAILABLE" else outcome.code
+
+
+def quiet(m: Scrape) -> dict[str, float]:
+    """What must be back to zero once every call has ended."""
+    return {
+        "flights": m.value("mmgate_actor_flights"),
+        "waiters": m.value("mmgate_actor_waiters"),
+        "engine_in_flight": m.value("mmgate_engine_in_flight_requests"),
+        "active_requests": m.value("mmgate_inference_active_requests"),
+        "stage_threads_busy": m.total("mmgate_stage_threads_busy"),
+        "stage_threads_waiting": m.total("mmgate_stage_threads_waiting"),
+    }
+
+
+async def idle_tasks(server: RunningServer) -> float:
+    """The loop's task count once it has settled (two equal readings in a row)."""
+    last = -1.0
+    while True:
+        tasks = (await scrape(server.metrics_url)).value("mmgate_event_loop_tasks")
+        if tasks == last:
+            return tasks
+        last = tasks
+
+
+async def test_faults_and_a_rude_client_leave_nothing_behind(chaos_server: RunningServer) -> None:
+    server = chaos_server
+    requests = scaled(800, 10000)
+    workload = Workload(MIX)
+    plans = [workload.next() for _ in range(requests)]
+    async with (
+        server.client(timeout=60.0) as calm,
+        server.client(tenant=CHAOS_TENANT, timeout=TIMEOUT_SECONDS) as chaos,
+    ):
+        # the answers without faults: what every whole answer under chaos must equal
+        polite = dataclasses.replace(MIX, cancel_ratio=0.0, short_deadline_ratio=0.0)
+        reference, _, _ = await run(
+            calm, Workload(polite), Limits(requests=requests, concurrency=8)
+        )
+        assert Counter(o.code for o in reference) == {"OK": requests}
+        tokens = {o.index: o.tokens for o in reference}
+        tasks_before = await idle_tasks(server)
+
+        outcomes, _, wall = await run(
+            chaos,
+            Workload(MIX),
+            Limits(requests=requests, concurrency=CONCURRENCY, timeout=TIMEOUT_SECONDS),
+        )
+        codes = Counter(ended(o) for o in outcomes)
+        assert len(outcomes) == requests  # every request was answered
+        assert set(codes) <= DOCUMENTED, codes
+        assert codes["OK"] > requests // 3, codes
+
+        # a whole answer, never a truncated one (a failed shared run is not replayed as done)
+        whole = {MIX.max_tokens}
+        short = [
+            o.index
+            for o in outcomes
+            if o.code == "OK" and o.tokens not in whole | {tokens[o.index]}
+        ]
+        assert short == []
+
+        # quiet again: nothing in flight, waiting or running for callers who have gone
+        settled = time.monotonic()
+
+        async def is_quiet() -> bool:
+            return set(quiet(await scrape(server.metrics_url)).values()) == {0.0}
+
+        await eventually(is_quiet, timeout=3 * TIMEOUT_SECONDS)
+        quiet_after = time.monotonic() - settled
+        metrics = await scrape(server.metrics_url)
+        tasks_after = await idle_tasks(server)
+        assert tasks_after <= tasks_before, (tasks_before, tasks_after)
+
+        # no poisoned key: every image's entries are stored or absent, and a stored one serves
+        stages = await image_states(chaos, plans)
+        assert set(stages) <= {"stored", "absent"}, stages
+        served = await serve_ready_images(chaos, plans)
+        resent = await resend_bursts(server, chaos, plans, tokens)
+
+        async def serving() -> bool:
+            return all([await calm.health(s) == SERVING for s in ("", "liveness", "readiness")])
+
+        serving_after = await eventually(serving, timeout=30)
+        # the server answers a calm request at once
+        assert (await calm.complete("Say hi", max_tokens=2)).text is not None
+
+        injected = {
+            f"{point} {fault}": int(
+                metrics.value("mmgate_chaos_faults_total", point=point, fault=fault)
+            )
+            for point in ("decode", "encode", "engine")
+            for fault in ("fail", "stall", "slow")
+        }
+        for point in ("decode", "encode", "engine"):
+            assert sum(v for k, v in injected.items() if k.startswith(point)) > 0, injected
+        actor = (await chaos.stats()).actor
+    assert metrics.value("mmgate_chaos_enabled") == 1
+    assert actor.waiters == 0
+    assert actor.flights == 0
+    record(
+        "chaos",
+        {
+            "requests": requests,
+            "concurrency": CONCURRENCY,
+            "timeout_seconds": TIMEOUT_SECONDS,
+            "plan": CHAOS_PLANS[CHAOS_TENANT],
+            "client": {
+                "cancel_ratio": MIX.cancel_ratio,
+                "cancel_within_seconds": MIX.cancel_within,
+                "short_deadline_ratio": MIX.short_deadline_ratio,
+                "short_deadline_seconds": MIX.short_deadline,
+            },
+            "kinds": dict(Counter(o.kind for o in outcomes)),
+            "codes": dict(sorted(codes.items())),
+            "injected": injected,
+            "wall_seconds": round(wall, 1),
+            "actor": {
+                "load_failures": actor.load_failures,
+                "compute_timeouts": actor.compute_timeouts,
+                "stalled_flights": actor.stalled_flights,
+                "cancelled_waiters": actor.cancelled_waiters,
+                "caller_timeouts": actor.caller_timeouts,
+            },
+            "truncated_answers": len(short),
+            "image_entries": dict(Counter(stages)),
+            "ready_images_served": served,
+            "bursts_resent": resent,
+            "quiet_after_seconds": round(quiet_after, 2),
+            "tasks": {"before": tasks_before, "after": tasks_after},
+            "serving_after_seconds": round(serving_after, 2),
+        },
+    )
+
+
+async def image_states(client: MmgateClient, plans: list[Planned]) -> list[str]:
+    """The state of every stage entry of every image the load sent, for the chaos tenant."""
+    digests = {digest_of(i.data) for p in plans for i in p.request.images if i.data}
+    states: list[str] = []
+    for digest in sorted(digests):
+        answer = await client.cache.Inspect(
+            cache_pb2.InspectRequest(digest=digest), metadata=client.metadata, timeout=10
+        )
+        states.extend(entry.state for entry in answer.stages)
+    return states
+
+
+async def serve_ready_images(client: MmgateClient, plans: list[Planned]) -> int:
+    """Each image whose encoder output is held is served from it: a hit, no fault drawn."""
+    images = {digest_of(i.data): i.data for p in plans for i in p.request.images if i.data}
+    served = 0
+    for digest, data in images.items():
+        answer = await client.cache.Inspect(
+            cache_pb2.InspectRequest(digest=digest), metadata=client.metadata, timeout=10
+        )
+        if {e.stage: e.state for e in answer.stages}.get("embedding") != "stored":
+            continue
+        prefetched = await client.cache.Prefetch(
+            cache_pb2.PrefetchRequest(data=data), metadata=client.metadata, timeout=10
+        )
+        assert (prefetched.digest, prefetched.outcome) == (digest, "hit")
+        served += 1
+    assert served > 0
+    return served
+
+
+async def resend_bursts(
+    server: RunningServer, client: MmgateClient, plans: list[Planned], tokens: dict[int, int]
+) -> dict[str, int]:
+    """Each distinct shared request once more, one at a time: a stored answer is whole, and a
+    failure is a fault injected now, never one stored from the run (a poisoned response)."""
+    seen: dict[bytes, Planned] = {}
+    for p in plans:
+        if p.kind == "burst":
+            seen.setdefault(p.request.SerializeToString(), p)
+    outcomes: Counter[str] = Counter()
+    for planned in seen.values():
+        before = await engine_faults(server)
+        try:
+            answer = await client.complete_request(planned.request, timeout=3.0)
+        except grpc.aio.AioRpcError as error:
+            reason = error_reason(error)
+            ended = f"{error.code().name} ({reason})" if reason else error.code().name
+            outcomes[ended] += 1
+            # an injected failure now, or a stall that met the deadline; nothing else
+            injected_now = await engine_faults(server) - before
+            expected = {"UNAVAILABLE (INJECTED_FAULT)": 1.0, "DEADLINE_EXCEEDED": 0.0}
+            assert (ended, injected_now) in expected.items(), "a stored failure was served"
+            continue
+        outcomes["from cache" if answer.final.cache.response_from_cache else "generated"] += 1
+        assert answer.final.usage.completion_tokens == tokens[planned.index]
+    return dict(outcomes)
+
+
+async def engine_faults(server: RunningServer) -> float:
+    return (await scrape(server.metrics_url)).value(
+        "mmgate_chaos_faults_total", point="engine", fault="fail"
+    )
