@@ -196,7 +196,7 @@ def stalls(r: dict[str, Any]) -> str:
                 "→ cancelled by the compute deadline, the caller told",
                 f"{f['caller_ended_seconds']} s, {f['caller_status']} (deadline "
                 f"{f['compute_deadline_seconds']} s); entries afterwards: "
-                f"{_counts(f['entries_after'])}",
+                + ", ".join(f"{stage} {state}" for stage, state in f["entries_after"].items()),
             ),
         ]
     if "loop" in s:

@@ -37,7 +37,8 @@ def test_a_closed_loop_run_reports_and_plots(server: RunningServer, tmp_path: Pa
     assert summary["requests"] == len(requests) == 40
     codes = summary["codes"]
     images = sum(1 for r in requests if r["kind"] == "image")
-    assert codes == {"FAILED_PRECONDITION": images, "OK": 40 - images}
+    # with mmgate's reason beside the code
+    assert codes == {"FAILED_PRECONDITION (MODEL_TAKES_NO_IMAGES)": images, "OK": 40 - images}
     assert 0 < images < 40
     assert summary["succeeded"] == 40 - images
     assert all(r["tokens"] == 4 for r in requests if r["code"] == "OK")
