@@ -17,7 +17,7 @@ from .errors import (
 from .flights import waiting_to_start
 from .lookup import Lookup, LookupEvent, LookupHook, Outcome
 from .stats import CacheStats, EntryInfo
-from .tiers import InMemoryTier, SecondTier
+from .tiers import InMemoryTier, SecondTier, TierUse
 
 __all__ = [
     "CacheActor",
@@ -35,6 +35,7 @@ __all__ = [
     "LookupHook",
     "Outcome",
     "SecondTier",
+    "TierUse",
     "Weigher",
     "default_weigher",
     "waiting_to_start",

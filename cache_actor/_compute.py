@@ -20,6 +20,7 @@ from ._tier_io import TierIO
 from .config import Weigher
 from .flights import Flight
 from .mailbox import Mailbox
+from .tiers import TierUse
 
 
 async def run_flight(
@@ -29,8 +30,10 @@ async def run_flight(
     weigher: Weigher,
     mailbox: Mailbox,
     tier: TierIO | None,
+    use: TierUse,
 ) -> None:
-    """Load one value and post the outcome to the mailbox; ``tier`` is None when not to ask it."""
+    """Load one value and post the outcome to the mailbox; ``tier`` is None when not to ask it
+    (none configured, or its breaker is open), ``use`` says what this lookup does with it."""
     tenant, key = flight.full_key
     started = time.perf_counter()
     value: Any = None
@@ -38,9 +41,10 @@ async def run_flight(
     tier_name: str | None = None
     tier_error: BaseException | None = None
     error: BaseException | None = None
+    asked = tier is not None and use.read
     try:
-        if tier is not None:
-            value, tier_error = await tier.read(tenant, key)
+        if tier is not None and use.read:
+            value, tier_error = await tier.read(tenant, key, use.stage)
             if value is not None:
                 tier_name = tier.name
         if value is None:
@@ -57,7 +61,7 @@ async def run_flight(
             tier_name,
             error,
             tier_error,
-            tier is not None,
+            asked,
             time.perf_counter() - started,
         )
     )
@@ -66,5 +70,5 @@ async def run_flight(
             raise error
         return
     # a failed read says nothing about the tier holding the key: no write-back into a broken tier
-    if tier is not None and tier_name is None and tier_error is None:
-        tier.write_back(tenant, key, value)
+    if tier is not None and use.write and tier_name is None and tier_error is None:
+        tier.write_back(tenant, key, value, use.stage)

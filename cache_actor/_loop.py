@@ -78,6 +78,8 @@ class ActorLoop:
                 counters=self.counters,
                 mailbox=self.mailbox,
                 spawn=self.spawn,
+                write_queue=config.tier_write_queue,
+                writers=config.tier_writers,
             )
         self.watchdog = Watchdog(
             config,
@@ -230,9 +232,15 @@ class ActorLoop:
         # own flight appended to the lineage that recursion checks read.
         context = request.context
         context.run(COMPUTING.set, (*request.chain, flight))
+        # an open breaker: neither read nor write until it closes again
         tier = self.tier if self.tier is not None and self.tier.allows(now) else None
         load = run_flight(
-            flight, request.compute, weigher=self.config.weigher, mailbox=self.mailbox, tier=tier
+            flight,
+            request.compute,
+            weigher=self.config.weigher,
+            mailbox=self.mailbox,
+            tier=tier,
+            use=request.tier_use,
         )
         flight.task = self.spawn(load, f"cache-flight-{flight.id}", context)
         flight.deadline = loop.call_later(

@@ -15,6 +15,7 @@ from typing import Any, final
 
 from .flights import Flight
 from .store import FullKey
+from .tiers import TierUse
 
 
 @final
@@ -29,6 +30,7 @@ class Get:
     # the caller's deadline on the loop's clock, armed by the actor when the caller must wait
     deadline: float
     wait: float
+    tier_use: TierUse
 
 
 @final

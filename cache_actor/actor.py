@@ -40,7 +40,10 @@ from .flights import COMPUTING
 from .lookup import Lookup, LookupEvent, LookupHook
 from .stats import CacheStats, EntryInfo
 from .store import FullKey
-from .tiers import SecondTier
+from .tiers import SecondTier, TierUse
+
+# a lookup that reads and writes the second tier, in no particular stage
+ANY_STAGE = TierUse()
 
 V = TypeVar("V")
 T = TypeVar("T")
@@ -127,12 +130,14 @@ class CacheActor:
         *,
         tenant: str = "default",
         timeout: float | None = None,
+        tier: TierUse = ANY_STAGE,
     ) -> Lookup[V]:
         """The value for ``key``, computing it with ``compute`` at most once at a time.
 
         ``timeout`` bounds this caller's wait (``CacheConfig.default_timeout`` when None); on
         expiry ComputeTimeout is raised and the flight goes on for the others. A computation's
-        exception is raised here with its own type, and nothing is stored.
+        exception is raised here with its own type, and nothing is stored. ``tier`` says how a
+        miss uses the second tier (the first lookup of a flight decides).
         """
         dead = self._core.dead
         if dead is not None or self._loop is None:
@@ -156,6 +161,7 @@ class CacheActor:
             token,
             loop.time() + wait,
             wait,
+            tier,
         )
         if not self._mailbox.offer(request):
             error: BaseException = CacheOverloaded(
@@ -201,13 +207,25 @@ class CacheActor:
             loop_lag_seconds=core.watchdog.lag,
             oldest_flight_seconds=now - oldest,
             tier_breaker_open=core.tier is not None and core.tier.breaker_open(now),
+            tier_write_queue_depth=0 if core.tier is None else core.tier.queued,
+            tier=None if core.tier is None else core.tier.name,
             alive=self.alive,
         )
 
-    async def invalidate(self, key: str, *, tenant: str = "default", timeout: float = 5.0) -> bool:
+    async def invalidate(
+        self,
+        key: str,
+        *,
+        tenant: str = "default",
+        timeout: float = 5.0,
+        stage: str | None = None,
+        local: bool = False,
+    ) -> bool:
         """Forget a key in memory and in the second tier; True if memory held it.
 
-        A flight in progress for the key still answers its waiters but stores nothing.
+        ``stage`` is the key's stage in the tier (None: every stage); ``local`` forgets it in
+        memory only (another replica has already removed it from the tier). A flight in progress
+        for the key still answers its waiters but stores nothing.
         """
         full_key = (tenant, key)
         core = self._core
@@ -219,9 +237,16 @@ class CacheActor:
             return core.store.remove(full_key)
 
         removed: bool = await self._ask(forget, timeout)
-        if core.tier is not None:
-            await core.tier.delete(tenant, key)
+        if core.tier is not None and not local:
+            await core.tier.delete(tenant, key, stage)
         return removed
+
+    def put(self, key: str, value: Any, *, tenant: str = "default", stage: str = "") -> None:
+        """Hand a final value to the second tier (queued, never waited for): for a stage whose
+        value becomes final after its lookup (a shared response once it has finished)."""
+        tier = self._core.tier
+        if tier is not None and tier.allows(time.monotonic()):
+            tier.write_back(tenant, key, value, stage)
 
     async def inspect(
         self, key: str, *, tenant: str = "default", timeout: float = 5.0

@@ -54,6 +54,10 @@ class CacheConfig:
     # for ``tier_breaker_seconds``.
     tier_breaker_failures: int = 5
     tier_breaker_seconds: float = 30.0
+    # Write-backs wait in a queue of this many (beyond it they are dropped, counted) for
+    # ``tier_writers`` tasks: a slow tier never holds more than this in memory.
+    tier_write_queue: int = 256
+    tier_writers: int = 2
     watchdog_interval: float = 1.0
     # A flight older than this is logged with its task's stack.
     stall_threshold: float = 10.0
@@ -69,6 +73,8 @@ class CacheConfig:
             "compute_deadline": self.compute_deadline,
             "tier_timeout": self.tier_timeout,
             "tier_breaker_failures": self.tier_breaker_failures,
+            "tier_write_queue": self.tier_write_queue,
+            "tier_writers": self.tier_writers,
             "watchdog_interval": self.watchdog_interval,
             "stall_threshold": self.stall_threshold,
             "loop_lag_warning": self.loop_lag_warning,

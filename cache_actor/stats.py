@@ -32,6 +32,7 @@ class Counters:
     overloaded: int = 0
     tier_errors: int = 0
     tier_write_errors: int = 0
+    tier_write_drops: int = 0
     stalled_flights: int = 0
 
 
@@ -58,6 +59,7 @@ class CacheStats:
     overloaded: int
     tier_errors: int
     tier_write_errors: int
+    tier_write_drops: int  # write-backs dropped: the write queue was full
     stalled_flights: int
     # gauges
     entries: int
@@ -69,6 +71,8 @@ class CacheStats:
     loop_lag_seconds: float
     oldest_flight_seconds: float
     tier_breaker_open: bool
+    tier_write_queue_depth: int  # write-backs waiting for a writer
+    tier: str | None  # the second tier's name; None without one
     alive: bool
 
     @property
