@@ -191,6 +191,34 @@ class HealthSettings(BaseModel):
     """Readiness stays NOT_SERVING this long after a blocked loop moves again."""
 
 
+class RedisSettings(BaseModel):
+    """Redis as the cache's second tier, shared by replicas (see docs/scaling.md). Off unless
+    ``url`` is set."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    url: str | None = None
+    """redis://[user:password@]host:port/db, or rediss:// for TLS; unset: no second tier."""
+    cluster: bool = False
+    """The URL names one node of a Redis Cluster."""
+    tls_ca_file: Path | None = None
+    """CA certificate that signed the server's (rediss:// with a private CA)."""
+    timeout_seconds: float = Field(0.25, gt=0)
+    """Bound on every Redis call, a value's check and decode included; beyond it, a miss."""
+    embedding_ttl_seconds: float = Field(7 * 24 * 3600.0, gt=0)
+    """How long an encoder output stays in Redis."""
+    response_ttl_seconds: float = Field(24 * 3600.0, gt=0)
+    """How long a finished shared response stays in Redis."""
+    max_value_bytes: int = Field(32 * MiB, gt=0)
+    """A larger value is not written (and one read back is refused)."""
+    write_queue: int = Field(256, gt=0)
+    """Writes waiting for Redis; beyond this they are dropped, counted."""
+    breaker_failures: int = Field(5, gt=0)
+    """Consecutive failed reads that open the circuit breaker."""
+    breaker_seconds: float = Field(10.0, ge=0)
+    """How long an open breaker stops asking Redis."""
+
+
 class Faults(BaseModel):
     """Shares of one kind of operation that fail, stall or slow down (together at most 1)."""
 
@@ -290,6 +318,7 @@ class Settings(BaseSettings):
     health: HealthSettings = Field(default_factory=HealthSettings)
     threads: ThreadSettings = Field(default_factory=ThreadSettings)
     chaos: ChaosSettings = Field(default_factory=ChaosSettings)
+    redis: RedisSettings = Field(default_factory=RedisSettings)
     max_message_bytes: int = Field(32 * MiB, gt=0)
     """Largest request; up to twice this gets INVALID_ARGUMENT, beyond that gRPC refuses it."""
     max_prompt_chars: int = Field(200_000, gt=0)

@@ -1,0 +1,1 @@
+"""Where cache values live beyond one process: the Redis second tier (redis_tier.py)."""

@@ -1,0 +1,186 @@
+"""Redis as the cache actor's second tier, shared by every replica (a single server or a Cluster).
+
+    key:    mmgate:{namespace}:{tenant}:{stage}:{key}   namespace: a fingerprint of everything
+            that changes a value (the model's files, dtype, processor settings, value format), so
+            deployments of different models share one Redis without reading each other's values
+    get:    GET ─▶ (a thread) the stage's codec checks and decodes ─▶ the value, or a miss
+    set:    (a thread) encode ─▶ over max_value_bytes? skipped, counted ─▶ SET PX the stage's TTL
+    delete: DEL in the stage(s) ─▶ PUBLISH on mmgate:{namespace}:invalidate: the other replicas
+            drop their memory copy (``listen``)
+
+Only stages with a codec are held here; any other stage is a miss without a round trip. A value
+that fails its codec's checks (another format version, truncated, foreign bytes) is a miss,
+counted and logged once per reason, never served. Every call is bounded by the actor's tier
+timeout (cache_actor's TierIO) and, at the socket, by the client's own timeouts; errors propagate
+to the actor, which counts them as misses and opens its breaker on repeated read failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, final
+
+from ..config import RedisSettings
+
+log = logging.getLogger("mmgate.redis")
+
+# what a replica does when another one has invalidated (tenant, key)
+OnInvalidate = Callable[[str, str], Awaitable[object]]
+
+
+class StageCodec(Protocol):
+    """Turns one stage's values into bytes and back; ``decode`` raises ValueError on bad bytes."""
+
+    def encode(self, value: Any) -> bytes: ...
+
+    def decode(self, data: bytes) -> Any: ...
+
+
+@final
+class RedisTier:
+    name = "redis"
+
+    def __init__(
+        self,
+        client: Any,  # redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster
+        *,
+        namespace: str,
+        codecs: dict[str, StageCodec],
+        ttl_seconds: dict[str, float],
+        max_value_bytes: int,
+    ) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.codecs = codecs
+        self.ttl_seconds = ttl_seconds
+        self.max_value_bytes = max_value_bytes
+        self.channel = f"mmgate:{namespace}:invalidate"
+        self.origin = uuid.uuid4().hex  # this replica, in the invalidations it publishes
+        self.bad_values: Counter[str] = Counter()  # reason ─▶ values refused
+        self.oversize = 0  # values not written: over max_value_bytes
+        self.invalidations_received = 0
+        self._listener: asyncio.Task[None] | None = None
+
+    def redis_key(self, tenant: str, stage: str, key: str) -> str:
+        return f"mmgate:{self.namespace}:{tenant}:{stage}:{key}"
+
+    async def get(self, tenant: str, key: str, *, stage: str, timeout: float) -> Any | None:
+        codec = self.codecs.get(stage)
+        if codec is None:
+            return None  # a stage this tier does not hold
+        data = await self.client.get(self.redis_key(tenant, stage, key))
+        if data is None:
+            return None
+        if len(data) > self.max_value_bytes:
+            self._refuse(stage, "larger than max_value_bytes")
+            return None
+        try:
+            # a multi-MB digest and decode: off the event loop
+            return await asyncio.to_thread(codec.decode, data)
+        except ValueError as exc:
+            self._refuse(stage, str(exc))
+            return None
+
+    def _refuse(self, stage: str, reason: str) -> None:
+        counted = f"{stage}: {reason}"
+        if counted not in self.bad_values:
+            log.warning("redis: a %s value was refused and read as a miss: %s", stage, reason)
+        self.bad_values[counted] += 1
+
+    async def set(self, tenant: str, key: str, value: Any, *, stage: str, timeout: float) -> None:
+        codec = self.codecs.get(stage)
+        if codec is None:
+            return
+        data = await asyncio.to_thread(codec.encode, value)
+        if len(data) > self.max_value_bytes:
+            self.oversize += 1
+            return
+        ttl = self.ttl_seconds.get(stage)
+        await self.client.set(
+            self.redis_key(tenant, stage, key), data, px=int(ttl * 1000) if ttl else None
+        )
+
+    async def delete(self, tenant: str, key: str, *, stage: str | None, timeout: float) -> None:
+        stages = list(self.codecs) if stage is None else [stage]
+        # one DEL per key: in a Cluster the stages' keys live in different slots
+        for name in stages:
+            await self.client.delete(self.redis_key(tenant, name, key))
+        message = {"tenant": tenant, "key": key, "origin": self.origin}
+        await self.client.publish(self.channel, json.dumps(message))
+
+    # ── invalidations from the other replicas ───────────────────────────────────────────────
+
+    def listen(self, on_invalidate: OnInvalidate) -> None:
+        """Subscribe to the other replicas' invalidations (until ``close``)."""
+        self._listener = asyncio.create_task(
+            self._listen(on_invalidate), name="mmgate-redis-invalidations"
+        )
+
+    async def _listen(self, on_invalidate: OnInvalidate) -> None:
+        while True:
+            pubsub = None
+            try:
+                # a Cluster client must know the slots before a pubsub can pick its node
+                await self.client.initialize()
+                pubsub = self.client.pubsub()
+                await pubsub.subscribe(self.channel)
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if message is not None:
+                        await self._on_message(message, on_invalidate)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - Redis down: retry, the tier is optional
+                log.debug("redis: invalidation listener: %r; retrying", exc)
+                await asyncio.sleep(1.0)
+            finally:
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        await pubsub.aclose()
+
+    async def _on_message(self, message: Any, on_invalidate: OnInvalidate) -> None:
+        if message.get("type") != "message":
+            return
+        try:
+            body = json.loads(message["data"])
+            tenant, key, origin = body["tenant"], body["key"], body["origin"]
+        except (TypeError, ValueError, KeyError):
+            log.warning("redis: an invalidation that is not mmgate's was ignored")
+            return
+        if origin == self.origin:
+            return
+        self.invalidations_received += 1
+        await on_invalidate(str(tenant), str(key))
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            await asyncio.gather(self._listener, return_exceptions=True)
+        await self.client.aclose()
+
+
+def redis_client(settings: RedisSettings) -> Any:
+    """A client for ``settings.url``: one server, or a Cluster found from one of its nodes."""
+    assert settings.url is not None
+    options: dict[str, Any] = {
+        "socket_timeout": settings.timeout_seconds,
+        "socket_connect_timeout": settings.timeout_seconds,
+    }
+    if settings.tls_ca_file is not None:
+        options["ssl_ca_certs"] = str(settings.tls_ca_file)
+    if settings.cluster:
+        from redis.asyncio.cluster import RedisCluster
+
+        return RedisCluster.from_url(settings.url, **options)
+    from redis.asyncio import Redis
+
+    return Redis.from_url(settings.url, **options)
+
+
+__all__ = ["OnInvalidate", "RedisTier", "StageCodec", "redis_client"]

@@ -1,0 +1,282 @@
+"""The Redis tier against real redis-server processes, through the real cache actor: values shared
+between two actors (two replicas), bad bytes under mmgate's keys read as counted misses, a killed
+and a stopped Redis never failing a lookup, invalidations reaching the other replica, a Cluster,
+and a password, an ACL user and TLS."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cache_actor import CacheActor, CacheConfig, Outcome, TierUse
+from services.config import RedisSettings
+from services.engine.values import seal, seal_json, unseal_json
+from services.storage.redis_tier import RedisTier, redis_client
+from tests.redis_support import (
+    RedisProcess,
+    redis_cluster,
+    redis_server,
+    tls_redis_server,
+)
+from tests.support import eventually
+
+STAGE = TierUse("response")
+
+
+class JsonCodec:
+    def encode(self, value: Any) -> bytes:
+        return seal_json("response", value)
+
+    def decode(self, data: bytes) -> Any:
+        return unseal_json(data, "response")
+
+
+def tier_for(url: str, *, cluster: bool = False, **settings: Any) -> RedisTier:
+    options = {"timeout_seconds": 0.5, **settings}
+    client = redis_client(RedisSettings(url=url, cluster=cluster, **options))
+    return RedisTier(
+        client,
+        namespace="test",
+        codecs={"response": JsonCodec()},
+        ttl_seconds={"response": 60},
+        max_value_bytes=1 << 20,
+    )
+
+
+def actor_for(tier: RedisTier, **config: Any) -> CacheActor:
+    settings = {"tier_timeout": 0.5, "tier_breaker_failures": 3, "tier_breaker_seconds": 1.0}
+    return CacheActor(CacheConfig(**{**settings, **config}), tier=tier)
+
+
+def computed(value: Any) -> Any:
+    calls: list[int] = []
+
+    async def compute() -> Any:
+        calls.append(1)
+        return value
+
+    compute.calls = calls  # type: ignore[attr-defined]
+    return compute
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[RedisProcess]:
+    server = redis_server(tmp_path)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def replicas(redis: RedisProcess) -> AsyncIterator[tuple[CacheActor, CacheActor]]:
+    """Two actors sharing one Redis, as two replicas do."""
+    tiers = [tier_for(redis.url), tier_for(redis.url)]
+    actors = [actor_for(tier) for tier in tiers]
+    for actor, tier in zip(actors, tiers, strict=True):
+        actor.start()
+        tier.listen(
+            lambda tenant, key, actor=actor: actor.invalidate(key, tenant=tenant, local=True)
+        )
+    yield actors[0], actors[1]
+    for actor, tier in zip(actors, tiers, strict=True):
+        await actor.aclose()
+        await tier.close()
+
+
+async def written(actor: CacheActor) -> None:
+    """The write queue is empty and nothing is being written."""
+
+    async def drained() -> bool:
+        await asyncio.sleep(0.01)
+        return actor.stats().tier_write_queue_depth == 0
+
+    await eventually(drained, timeout=10)
+    await asyncio.sleep(0.05)  # the writer's SET in flight
+
+
+async def test_a_value_computed_by_one_replica_is_served_to_the_other(
+    replicas: tuple[CacheActor, CacheActor],
+) -> None:
+    first, second = replicas
+    value = {"deltas": [["Paris", [42]]]}
+    made = computed(value)
+    assert (await first.get("k", made, tenant="t", tier=STAGE)).tier is None
+    await written(first)
+    other = computed({"never": "used"})
+    lookup = await second.get("k", other, tenant="t", tier=STAGE)
+    assert (lookup.value, lookup.outcome, lookup.tier) == (value, Outcome.MISS, "redis")
+    assert other.calls == []  # type: ignore[attr-defined]
+    # another tenant's key is another key
+    assert (await second.get("k", other, tenant="u", tier=STAGE)).tier is None
+
+
+async def test_invalidate_on_one_replica_reaches_the_other(
+    replicas: tuple[CacheActor, CacheActor], redis: RedisProcess
+) -> None:
+    first, second = replicas
+    await first.get("k", computed("v1"), tenant="t", tier=STAGE)
+    await written(first)
+    assert (await second.get("k", computed("x"), tenant="t", tier=STAGE)).tier == "redis"
+    assert (await second.get("k", computed("x"), tenant="t", tier=STAGE)).outcome is Outcome.HIT
+    assert await first.invalidate("k", tenant="t", stage="response")
+    assert redis.cli("KEYS", "mmgate:*") == ""
+
+    async def dropped() -> bool:
+        return (await second.inspect("k", tenant="t")).state == "absent"
+
+    await eventually(dropped, timeout=10)  # the other replica forgot its memory copy
+    fresh = computed("v2")
+    lookup = await second.get("k", fresh, tenant="t", tier=STAGE)
+    assert (lookup.value, lookup.outcome, lookup.tier) == ("v2", Outcome.MISS, None)
+
+
+@pytest.mark.parametrize(
+    ("name", "bad"),
+    [
+        ("foreign bytes", b"\x80\x04\x95pickled?"),
+        ("truncated", seal_json("response", {"deltas": [["a", [1]]]})[:-3]),
+        ("another version", b"MMGATE\x00\x09" + seal_json("response", 1)[8:]),
+        ("another stage", seal_json("embedding", {"deltas": []})),
+        ("wrong length", seal("json", "response", b"[1,2,3]")[:-1] + b"]]"),
+    ],
+)
+async def test_bad_bytes_under_our_key_are_a_counted_miss_then_replaced(
+    redis: RedisProcess, name: str, bad: bytes
+) -> None:
+    tier = tier_for(redis.url)
+    actor = actor_for(tier)
+    actor.start()
+    try:
+        await tier.client.set(tier.redis_key("t", "response", "k"), bad)
+        made = computed("fresh")
+        lookup = await actor.get("k", made, tenant="t", tier=STAGE)
+        assert (lookup.value, lookup.tier) == ("fresh", None)
+        assert made.calls == [1]  # type: ignore[attr-defined]
+        assert sum(tier.bad_values.values()) == 1, tier.bad_values
+        await written(actor)
+        # the good value replaced the bad one
+        assert (
+            unseal_json(await tier.client.get(tier.redis_key("t", "response", "k")), "response")
+            == "fresh"
+        )
+    finally:
+        await actor.aclose()
+        await tier.close()
+
+
+async def test_a_killed_redis_fails_no_lookup_opens_the_breaker_and_is_used_again(
+    redis: RedisProcess,
+) -> None:
+    tier = tier_for(redis.url)
+    actor = actor_for(tier)
+    actor.start()
+    try:
+        await actor.get("before", computed(1), tenant="t", tier=STAGE)
+        await written(actor)
+        redis.kill()
+        killed = time.monotonic()
+        for i in range(10):
+            lookup = await actor.get(f"k{i}", computed(i), tenant="t", tier=STAGE)
+            assert lookup.value == i  # computed: no caller sees the outage
+        stats = actor.stats()
+        assert stats.tier_breaker_open
+        assert stats.tier_errors == 3  # the breaker opened after 3 failed reads
+        opened = time.monotonic() - killed
+        redis.start()  # the same port, empty (no persistence)
+
+        async def used_again() -> bool:
+            await actor.get(f"after-{time.monotonic()}", computed(0), tenant="t", tier=STAGE)
+            return not actor.stats().tier_breaker_open and redis.cli("DBSIZE") != "0"
+
+        await eventually(used_again, timeout=30)
+    finally:
+        await actor.aclose()
+        await tier.close()
+    assert opened < 5
+
+
+async def test_a_stopped_redis_times_out_as_misses_within_the_tier_timeout(
+    redis: RedisProcess,
+) -> None:
+    tier = tier_for(redis.url, timeout_seconds=0.2)
+    actor = actor_for(tier, tier_timeout=0.2, tier_breaker_failures=100)
+    actor.start()
+    redis.pause()
+    try:
+        started = time.monotonic()
+        for i in range(3):
+            assert (await actor.get(f"k{i}", computed(i), tenant="t", tier=STAGE)).value == i
+        took = time.monotonic() - started
+        assert actor.stats().tier_errors == 3
+    finally:
+        redis.resume()
+        await actor.aclose()
+        await tier.close()
+    assert took < 3 * 0.2 + 1.0  # each lookup waited one tier timeout, no more
+
+
+async def test_password_acl_user_and_tls(tmp_path: Path) -> None:
+    for directory in ("password", "acl", "tls"):
+        (tmp_path / directory).mkdir()
+    servers = [
+        (redis_server(tmp_path / "password", password="s3cret"), None),
+        (
+            redis_server(tmp_path / "acl", acl="mmgate on >pw ~mmgate:* &mmgate:* +@all"),
+            "redis://mmgate:pw@127.0.0.1:{port}/0",
+        ),
+        (tls_redis_server(tmp_path / "tls"), None),
+    ]
+    try:
+        for server, url in servers:
+            target = url.format(port=server.port) if url else server.url
+            extra = {"tls_ca_file": server.tls / "ca.crt"} if server.tls is not None else {}
+            tier = tier_for(target, **extra)
+            try:
+                await tier.set("t", "k", {"ok": True}, stage="response", timeout=1)
+                assert await tier.get("t", "k", stage="response", timeout=1) == {"ok": True}
+            finally:
+                await tier.close()
+        # without the password, or as an ACL user outside its key pattern: refused
+        bare = tier_for(f"redis://127.0.0.1:{servers[0][0].port}/0")
+        with pytest.raises(Exception, match=r"(?i)auth"):
+            await bare.get("t", "k", stage="response", timeout=1)
+        await bare.close()
+    finally:
+        for server, _ in servers:
+            server.stop()
+
+
+async def test_a_cluster_shares_values_and_invalidations(tmp_path: Path) -> None:
+    nodes = redis_cluster(tmp_path)
+    tiers = [tier_for(f"redis://127.0.0.1:{nodes[i].port}/0", cluster=True) for i in (0, 2)]
+    actors = [actor_for(tier) for tier in tiers]
+    try:
+        for actor, tier in zip(actors, tiers, strict=True):
+            actor.start()
+            tier.listen(lambda t, k, actor=actor: actor.invalidate(k, tenant=t, local=True))
+        first, second = actors
+        for i in range(20):  # keys spread over the three masters' slots
+            await first.get(f"k{i}", computed(i), tenant="t", tier=STAGE)
+        await written(first)
+        served = [
+            await second.get(f"k{i}", computed(-1), tenant="t", tier=STAGE) for i in range(20)
+        ]
+        assert [(s.value, s.tier) for s in served] == [(i, "redis") for i in range(20)]
+        assert all(node.cli("DBSIZE") != "0" for node in nodes)
+        await asyncio.sleep(0.2)  # the subscriptions are in place
+        await first.invalidate("k3", tenant="t", stage="response")
+
+        async def dropped() -> bool:
+            return (await second.inspect("k3", tenant="t")).state == "absent"
+
+        await eventually(dropped, timeout=10)
+    finally:
+        for actor, tier in zip(actors, tiers, strict=True):
+            await actor.aclose()
+            await tier.close()
+        for node in nodes:
+            node.stop()
