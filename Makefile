@@ -51,16 +51,20 @@ architecture: $(STAMP)
 	$(BIN)/lint-imports
 
 # the metrics tests lint /metrics with promtool
-unit: $(STAMP) promtool
+unit: $(STAMP) promtool redis-server
 	$(BIN)/pytest
 
-.PHONY: promtool rules
+.PHONY: promtool redis-server rules
 
 # promtool (Debian's `prometheus` package) checks and unit-tests deploy/prometheus, and
 # tests/services/test_metrics.py lints /metrics with it; sudo only where not root
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 promtool:
 	@command -v promtool >/dev/null || ($(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null)
+
+# the Redis tier's tests start their own redis-server processes (Debian's redis-server, TLS built in)
+redis-server:
+	@command -v redis-server >/dev/null || ($(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null)
 
 rules: promtool
 	promtool check rules deploy/prometheus/*_rules.yml
