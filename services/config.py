@@ -85,8 +85,18 @@ class CacheSettings(BaseModel):
     """A value larger than this share of a tenant's budget is served but not stored (one request
     must not flush everyone's images): 25.6 MiB of the default 512 MiB."""
 
-    def actor_config(self) -> CacheConfig:
+    def actor_config(self, redis: RedisSettings | None = None) -> CacheConfig:
+        """The actor's settings; with ``redis``, its second tier's bounds too."""
+        tier: dict[str, Any] = {}
+        if redis is not None:
+            tier = {
+                "tier_timeout": redis.timeout_seconds,
+                "tier_breaker_failures": redis.breaker_failures,
+                "tier_breaker_seconds": redis.breaker_seconds,
+                "tier_write_queue": redis.write_queue,
+            }
         return CacheConfig(
+            **tier,
             max_bytes=self.max_bytes,
             max_bytes_per_tenant=self.max_bytes_per_tenant,
             ttl_seconds=self.ttl_seconds,

@@ -147,8 +147,11 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         try:
             key, digest = _target(request.key, request.digest)
             tenant = tenant_of(context)
-            keys = [key] if key else list(self.pipeline.media.stage_keys(digest).values())
-            removed = [await self.cache.invalidate(k, tenant=tenant) for k in keys]
+            # (stage, key): an image's keys by stage; a raw key may be in any stage
+            keys = [(None, key)] if key else list(self.pipeline.media.stage_keys(digest).items())
+            removed = [
+                await self.cache.invalidate(k, tenant=tenant, stage=stage) for stage, k in keys
+            ]
         except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
             await abort(context, from_exception(exc))
         return pb.InvalidateResponse(removed=any(removed))

@@ -34,18 +34,22 @@ from grpc_reflection.v1alpha import reflection
 
 from cache_actor import CacheActor
 
-from ..config import Settings
+from ..config import RedisSettings, Settings
 from ..engine.encoder import VisionEncoder
 from ..engine.shrink import ProcessorShrink
+from ..engine.values import VERSION as VALUE_FORMAT
 from ..engine.worker import EngineWorker
-from ..models import image_tokens, model_config, prepare_default_model
+from ..keys import cache_key
+from ..models import image_tokens, model_config, model_fingerprint, prepare_default_model
 from ..observability.lookups import Observers
 from ..observability.metric_families import Snapshot
 from ..observability.metrics import Metrics
 from ..observability.tracing import Tracing
 from ..pipeline.generation import Pipeline
 from ..pipeline.media import media_stage
+from ..pipeline.tier_values import codecs
 from ..proto.mmgate.v1 import cache_pb2, cache_pb2_grpc, inference_pb2, inference_pb2_grpc
+from ..storage.redis_tier import RedisTier, redis_client
 from .cache_service import CacheServicer
 from .health import HealthMonitor
 from .inference import InferenceServicer
@@ -57,6 +61,21 @@ log = logging.getLogger("mmgate.server")
 
 INFERENCE = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
 CACHE = cache_pb2.DESCRIPTOR.services_by_name["Cache"].full_name
+
+
+def redis_tier(settings: RedisSettings) -> RedisTier | None:
+    """The Redis tier the settings name, or None (no second tier: every replica on its own)."""
+    if settings.url is None:
+        return None
+    return RedisTier(
+        redis_client(settings),
+        codecs=codecs(),
+        ttl_seconds={
+            "embedding": settings.embedding_ttl_seconds,
+            "response": settings.response_ttl_seconds,
+        },
+        max_value_bytes=settings.max_value_bytes,
+    )
 
 
 def resolve_model(settings: Settings) -> str:
@@ -86,8 +105,12 @@ class MmgateServer:
         self.tracing = tracing if tracing is not None else Tracing(settings)
         self.metrics = Metrics(settings)
         hooks = [h for h in (self.tracing.lookup_hook, self.metrics.lookup_hook) if h is not None]
+        # the second tier shared by replicas; its namespace is set once the model is known
+        self.tier = redis_tier(settings.redis)
         self.cache = CacheActor(
-            settings.cache.actor_config(), hook=Observers(hooks) if hooks else None
+            settings.cache.actor_config(settings.redis if self.tier is not None else None),
+            hook=Observers(hooks) if hooks else None,
+            tier=self.tier,
         )
         self.engine = EngineWorker(settings.engine, model)
         self.health = HealthServicer()
@@ -147,6 +170,11 @@ class MmgateServer:
             # the first start converts the embedded default model (~20 s): off the loop
             self.engine.use_model(await asyncio.to_thread(resolve_model, self.settings))
         plan = await asyncio.to_thread(self._plan_media)
+        if self.tier is not None:
+            namespace = await asyncio.to_thread(self._tier_namespace, plan)
+            self.tier.use_namespace(namespace)
+            self.tier.listen(self._forget)
+            log.info("second tier: redis, namespace %s", namespace[:16])
         await self.engine.start()
         media = media_stage(
             self.settings.media,
@@ -183,9 +211,28 @@ class MmgateServer:
             active_requests=self.inference.active,
             max_concurrent_requests=self.settings.max_concurrent_requests,
             loop_tasks=len(asyncio.all_tasks()),
+            tier_refused=0 if self.tier is None else sum(self.tier.bad_values.values()),
             chaos_enabled=self.pipeline.chaos.enabled,
             chaos_injected=dict(self.pipeline.chaos.injected),
         )
+
+    def _tier_namespace(self, plan: MediaPlan) -> str:
+        """What changes a value, by content: the model's files, the dtypes, the processor and
+        the value format. Two deployments share a Redis only where their values are the same."""
+        media = self.settings.media
+        identity = {
+            "model": model_fingerprint(self.engine.model_path),
+            "dtype": self.engine.dtype,
+            "encoder_dtype": None if plan.encoder is None else str(plan.encoder.dtype),
+            "shrink_images": media.shrink_images,
+            "max_image_pixels": media.max_image_pixels,
+            "format": VALUE_FORMAT,
+        }
+        return cache_key("mmgate", "tier-namespace", identity)[:32]
+
+    async def _forget(self, tenant: str, key: str) -> None:
+        """Another replica invalidated a key: drop this replica's memory copy."""
+        await self.cache.invalidate(key, tenant=tenant, local=True)
 
     def _plan_media(self) -> MediaPlan:
         """Before the engine starts (in a thread: it reads the model's files)."""
@@ -236,6 +283,8 @@ class MmgateServer:
         await self.pipeline.close()
         await self.engine.close()
         await self.cache.aclose()
+        if self.tier is not None:
+            await self.tier.close()
         self.metrics.stop()
         await self.tracing.shutdown()
         self._stopped.set()

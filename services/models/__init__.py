@@ -11,7 +11,7 @@ Heavy libraries are imported inside the functions: importing this package costs 
 
 from .build import MARKER_NAME, build_once
 from .default import CHATML_TEMPLATE, DEFAULT_MODEL_NAME, prepare_default_model
-from .describe import image_tokens, model_config
+from .describe import image_tokens, model_config, model_fingerprint
 from .tiny import build_tiny_model, train_tiny_tokenizer
 from .tiny_llava import IMAGE_TOKEN, TINY_LLAVA_IMAGE_SIZE, build_tiny_llava, engine_settings
 
@@ -27,6 +27,7 @@ __all__ = [
     "engine_settings",
     "image_tokens",
     "model_config",
+    "model_fingerprint",
     "prepare_default_model",
     "train_tiny_tokenizer",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -39,3 +40,26 @@ def image_tokens(config: dict[str, Any]) -> int:
         return patches + (1 if strategy == "full" else 0)
     seq_length = config.get("image_seq_length")
     return int(seq_length) if seq_length else 1
+
+
+# of each model file, this much of its start and end goes into the fingerprint
+_FINGERPRINT_SPAN = 1 << 20
+
+
+def model_fingerprint(model: str) -> str:
+    """The model's identity by content, not by its name or path: every file's name and size, and
+    a digest of its first and last MiB (a weight file's header and some of its tensors). Two
+    folders called "model" holding different weights differ; two copies of one model agree."""
+    digest = hashlib.sha256()
+    root = Path(model)
+    if not root.is_dir():  # a name only the engine resolves: the name is all there is
+        digest.update(model.encode())
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")):
+        size = path.stat().st_size
+        digest.update(f"{path.relative_to(root)}\0{size}\0".encode())
+        with path.open("rb") as data:
+            digest.update(data.read(_FINGERPRINT_SPAN))
+            if size > 2 * _FINGERPRINT_SPAN:
+                data.seek(-_FINGERPRINT_SPAN, 2)
+                digest.update(data.read())
+    return digest.hexdigest()

@@ -56,6 +56,7 @@ class Snapshot:
     active_requests: int
     max_concurrent_requests: int
     loop_tasks: int  # asyncio tasks alive on the event loop
+    tier_refused: int  # second-tier values that failed a check
     chaos_enabled: bool
     chaos_injected: Mapping[tuple[str, str], int]  # (point, fault) -> times injected
 
@@ -96,9 +97,9 @@ _ACTOR_GAUGES = (
     ),
     ("mmgate_actor_alive", "alive", "1 while the actor answers its mailbox."),
     (
-        "mmgate_actor_tier_breaker_open",
-        "tier_breaker_open",
-        "1 while the second tier is skipped after repeated errors.",
+        "mmgate_actor_tier_write_queue_depth",
+        "tier_write_queue_depth",
+        "Second-tier writes waiting for a writer.",
     ),
 )
 _ACTOR_COUNTERS = (
@@ -276,6 +277,25 @@ def _actor(s: Snapshot) -> Iterator[Metric]:
     tier_errors.add_metric(["read"], c.tier_errors)
     tier_errors.add_metric(["write"], c.tier_write_errors)
     yield tier_errors
+    yield CounterMetricFamily(
+        "mmgate_actor_tier_write_drops_total",
+        "Second-tier writes dropped: the write queue was full.",
+        value=c.tier_write_drops,
+    )
+    breaker = GaugeMetricFamily(
+        "mmgate_actor_tier_breaker_open",
+        "1 while the second tier is skipped after repeated read errors, by tier.",
+        labels=["tier"],
+    )
+    if c.tier is not None:
+        breaker.add_metric([c.tier], float(c.tier_breaker_open))
+    yield breaker
+    refused = CounterMetricFamily(
+        "mmgate_tier_refused_values_total",
+        "Values read from the second tier that failed a check (format, length, digest): misses.",
+    )
+    refused.add_metric([], s.tier_refused)
+    yield refused
 
 
 def _engine(s: Snapshot) -> Iterator[Metric]:

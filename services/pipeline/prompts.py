@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any, final
 
-from cache_actor import CacheActor
+from cache_actor import CacheActor, TierUse
 
 from ..keys import cache_key
 from ..observability.lookups import stage
@@ -93,6 +93,8 @@ class PromptStage:
                 lambda: render(tokenizer, checked, self.threads),
                 tenant=request.tenant,
                 timeout=request.left(),
+                # rendering again is cheaper than a round trip to Redis
+                tier=TierUse(read=False, write=False),
             )
         request.report("prompt", key, lookup, started)
         return lookup.value

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import AsyncGenerator
 from typing import final
 
-from cache_actor import CacheActor, Outcome
+from cache_actor import CacheActor, Outcome, TierUse
 
 from ..engine.protocol import Engine
 from ..errors import EngineUnavailable
@@ -59,6 +59,15 @@ class ResponseRecording:
         # every listener left before the end: the run is being aborted, nobody may join it
         self.abandoned = False
         self.producer: asyncio.Task[None] | None = None
+
+    @classmethod
+    def finished(cls, deltas: list[EngineDelta]) -> ResponseRecording:
+        """A run that ended normally elsewhere (another replica, read from the second tier)."""
+        recording = cls(0)
+        recording.deltas = deltas
+        recording.nbytes = BYTES_PER_TOKEN * sum(len(d.token_ids) for d in deltas)
+        recording.done = True
+        return recording
 
     def append(self, delta: EngineDelta) -> None:
         self.deltas.append(delta)
@@ -105,6 +114,10 @@ class ResponseRecording:
         # it leave the limit while its run is still in the engine
         with contextlib.suppress(TimeoutError, asyncio.CancelledError):
             await asyncio.wait_for(asyncio.shield(asyncio.wait({producer})), ABORT_WAIT_SECONDS)
+
+
+# read from the second tier; written to it by _record once the run has finished normally
+RESPONSE_TIER = TierUse("response", write=False)
 
 
 @final
@@ -157,14 +170,14 @@ class SharedResponses:
         started = time.perf_counter()
         with stage("response"):
             lookup = await self.cache.get(
-                key, start_recording, tenant=tenant, timeout=request.left()
+                key, start_recording, tenant=tenant, timeout=request.left(), tier=RESPONSE_TIER
             )
             recording = lookup.value
             if recording.abandoned:
                 # its run is being aborted (its listeners all left): not one to join
-                await self.cache.invalidate(key, tenant=tenant)
+                await self.cache.invalidate(key, tenant=tenant, local=True)
                 lookup = await self.cache.get(
-                    key, start_recording, tenant=tenant, timeout=request.left()
+                    key, start_recording, tenant=tenant, timeout=request.left(), tier=RESPONSE_TIER
                 )
                 recording = lookup.value
         # a stored recording still being generated: this request joins that run
@@ -203,10 +216,14 @@ class SharedResponses:
             if error is None or isinstance(error, Exception)
             else EngineUnavailable("shared response was cancelled")
         )
-        if error is not None:
+        if error is None:
+            # only a run that finished normally is an answer for the other replicas
+            self.cache.put(key, recording, tenant=tenant, stage=RESPONSE_TIER.stage)
+        else:
             # a failed run is not an answer: the next identical request generates afresh
             try:
-                await self.cache.invalidate(key, tenant=tenant)
+                # this replica's copy only: a failed run never reached the second tier
+                await self.cache.invalidate(key, tenant=tenant, local=True)
             except Exception:
                 log.debug("could not drop failed response %s", key[:12], exc_info=True)
             if not isinstance(error, Exception):

@@ -50,22 +50,26 @@ class RedisTier:
         self,
         client: Any,  # redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster
         *,
-        namespace: str,
         codecs: dict[str, StageCodec],
+        namespace: str = "",
         ttl_seconds: dict[str, float],
         max_value_bytes: int,
     ) -> None:
         self.client = client
-        self.namespace = namespace
         self.codecs = codecs
         self.ttl_seconds = ttl_seconds
         self.max_value_bytes = max_value_bytes
-        self.channel = f"mmgate:{namespace}:invalidate"
+        self.use_namespace(namespace)
         self.origin = uuid.uuid4().hex  # this replica, in the invalidations it publishes
         self.bad_values: Counter[str] = Counter()  # reason ─▶ values refused
         self.oversize = 0  # values not written: over max_value_bytes
         self.invalidations_received = 0
         self._listener: asyncio.Task[None] | None = None
+
+    def use_namespace(self, namespace: str) -> None:
+        """Set once, before the first lookup (the server knows it once the model is known)."""
+        self.namespace = namespace
+        self.channel = f"mmgate:{namespace}:invalidate"
 
     def redis_key(self, tenant: str, stage: str, key: str) -> str:
         return f"mmgate:{self.namespace}:{tenant}:{stage}:{key}"

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, final
 
 from PIL import Image
 
-from cache_actor import CacheActor, Lookup
+from cache_actor import CacheActor, Lookup, TierUse
 
 from ...config import MediaSettings
 from ...engine.tensors import tensor_nbytes
@@ -66,6 +66,9 @@ Shrink = Callable[[Image.Image], Image.Image]
 
 
 log = logging.getLogger("mmgate.media")
+
+MEMORY_ONLY: Final = TierUse(read=False, write=False)
+EMBEDDING_TIER: Final = TierUse("embedding")  # encoder outputs: shared by replicas through Redis
 
 # hashing a large image on the loop would stall it: beyond this, hash in a thread
 _HASH_IN_THREAD_BYTES: Final = 256 * 1024
@@ -293,6 +296,8 @@ class PixelsStage(MediaStage):
                 load,
                 tenant=tenant,
                 timeout=seconds_left(deadline),
+                # decoded pixels are not shared: the request carries the bytes (tier_values.py)
+                tier=MEMORY_ONLY,
             )
 
 
@@ -357,6 +362,7 @@ class EmbeddingsStage(PixelsStage):
                 encode,
                 tenant=tenant,
                 timeout=seconds_left(deadline),
+                tier=EMBEDDING_TIER,
             )
 
 

@@ -150,6 +150,7 @@ async def snapshot_of(cache: CacheActor, lookups: dict[tuple[str, str, str], int
         active_requests=0,
         max_concurrent_requests=16,
         loop_tasks=12,
+        tier_refused=2,
         chaos_enabled=True,
         chaos_injected={("decode", "fail"): 3, ("loop_block", "block"): 1},
     )

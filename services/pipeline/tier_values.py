@@ -1,0 +1,61 @@
+"""What the Redis tier stores of each stage, and how (the bytes are engine/values.py's format).
+
+    embedding  an encoder output: one tensor (its dtype kept, bf16 included)
+    response   a shared response that finished normally: its deltas (text, tokens, finish reason,
+               cached and prompt token counts), read back as a finished recording
+
+Not held there: prompts (rendering and tokenizing is cheaper than a round trip) and decoded
+images (the request carries the image's bytes; decoding them again costs milliseconds, and the
+decoded pixels are several times the size of the bytes they came from).
+"""
+
+from __future__ import annotations
+
+from typing import Any, final
+
+from ..engine.values import BadValue, seal_json, seal_tensor, unseal_json, unseal_tensor
+from ..types import EngineDelta
+from .media.stages import Embedding
+from .responses import ResponseRecording
+
+
+@final
+class EmbeddingCodec:
+    def encode(self, value: Any) -> bytes:
+        assert isinstance(value, Embedding)
+        return seal_tensor("embedding", value.tensor)
+
+    def decode(self, data: bytes) -> Embedding:
+        return Embedding(unseal_tensor(data, "embedding"))
+
+
+@final
+class ResponseCodec:
+    def encode(self, value: Any) -> bytes:
+        if not isinstance(value, ResponseRecording) or not value.done or value.error is not None:
+            raise ValueError("only a response that finished normally is written")
+        deltas = [
+            [d.text, list(d.token_ids), d.finish_reason, d.num_cached_tokens, d.prompt_tokens]
+            for d in value.deltas
+        ]
+        return seal_json("response", {"deltas": deltas})
+
+    def decode(self, data: bytes) -> ResponseRecording:
+        body = unseal_json(data, "response")
+        try:
+            deltas = [
+                EngineDelta(str(text), tuple(int(t) for t in ids), reason, int(cached), int(prompt))
+                for text, ids, reason, cached, prompt in body["deltas"]
+            ]
+        except (TypeError, ValueError, KeyError) as exc:
+            raise BadValue(f"not a response ({exc})") from None
+        if not deltas or deltas[-1].finish_reason is None:
+            raise BadValue("a response that did not finish")
+        return ResponseRecording.finished(deltas)
+
+
+def codecs() -> dict[str, Any]:
+    return {"embedding": EmbeddingCodec(), "response": ResponseCodec()}
+
+
+__all__ = ["EmbeddingCodec", "ResponseCodec", "codecs"]

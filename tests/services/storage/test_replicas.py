@@ -1,0 +1,212 @@
+"""Two real mmgate servers (tiny LLaVA, embeddings mode, real vLLM) sharing one real redis-server,
+as two replicas do: what one computed the other serves from Redis without computing it, an
+invalidation on one reaches the other, bad bytes in Redis are a counted miss, and a Redis killed
+in the middle of a load costs no caller anything."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from services.cli.bench.load import Limits, run
+from services.cli.bench.workload import Mix, Workload
+from services.client import build_request, digest_of
+from services.models import build_tiny_llava
+from services.proto.mmgate.v1 import cache_pb2, inference_pb2
+from tests.redis_support import RedisProcess, redis_server
+from tests.services.prom import scrape
+from tests.support import RunningServer, eventually, start_server
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest.fixture(scope="module")
+def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
+    server = redis_server(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def replicas(
+    tmp_path_factory: pytest.TempPathFactory, redis: RedisProcess
+) -> Iterator[tuple[RunningServer, RunningServer]]:
+    model = build_tiny_llava(tmp_path_factory.mktemp("models") / "tiny-llava")
+    servers = []
+    try:
+        for cpu in ("0", "1"):  # two engines on two cores: each its own
+            servers.append(
+                start_server(
+                    tmp_path_factory.mktemp(f"replica-{cpu}"),
+                    str(model),
+                    MMGATE_MEDIA__MODE="embeddings",
+                    MMGATE_ENGINE__DTYPE="float32",
+                    MMGATE_ENGINE__KV_CACHE_MEMORY_BYTES=str(64 << 20),
+                    VLLM_CPU_OMP_THREADS_BIND=cpu,
+                    MMGATE_REDIS__URL=redis.url,
+                    MMGATE_REDIS__BREAKER_SECONDS="2",
+                    MMGATE_REDIS__BREAKER_FAILURES="3",
+                )
+            )
+        yield servers[0], servers[1]
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def image(seed: int) -> bytes:
+    return Workload(Mix(image_ratio=1.0, image_repeat=0.0, seed=seed)).next().request.images[0].data
+
+
+async def ask(server: RunningServer, data: bytes) -> inference_pb2.CompleteResponse:
+    async with server.client(timeout=60.0) as client:
+        return await client.complete_request(
+            build_request("Describe the picture.", images=[data], max_tokens=4)
+        )
+
+
+async def encodes(server: RunningServer) -> float:
+    return (await scrape(server.metrics_url)).value("mmgate_media_encodes_total")
+
+
+async def test_an_image_encoded_by_one_replica_is_a_redis_hit_on_the_other(
+    replicas: tuple[RunningServer, RunningServer],
+) -> None:
+    first, second = replicas
+    data = image(1)
+    answer = await ask(first, data)
+    assert answer.final.cache.images[0].tier == ""  # computed here
+    before = await encodes(second)
+
+    async def from_redis() -> bool:
+        # the write-back is queued, not waited for
+        report = (await ask(second, image(1))).final.cache.images[0]
+        return bool(report.tier == "redis")
+
+    await eventually(from_redis, timeout=10)
+    assert await encodes(second) == before  # the second replica's encoder did not run
+    again = (await ask(second, data)).final.cache.images[0]
+    assert (again.outcome, again.tier) == ("hit", "memory")
+
+
+async def test_a_deterministic_response_is_shared_too(
+    replicas: tuple[RunningServer, RunningServer],
+) -> None:
+    first, second = replicas
+    async with first.client(timeout=60) as one, second.client(timeout=60) as two:
+        request = build_request(
+            "Name three rivers.", max_tokens=8, temperature=0.0, cache_policy="response"
+        )
+        made = await one.complete_request(request)
+        assert not made.final.cache.response_from_cache
+
+        async def shared() -> bool:
+            return bool((await two.complete_request(request)).final.cache.response_from_cache)
+
+        await eventually(shared, timeout=10)
+        served = await two.complete_request(request)
+    assert served.text == made.text
+    assert served.final.usage.completion_tokens == made.final.usage.completion_tokens
+    lookups = {(up.stage, up.outcome, up.tier) for up in served.final.cache.lookups}
+    assert ("response", "hit", "memory") in lookups
+
+
+async def test_invalidate_on_one_replica_is_a_miss_on_the_other(
+    replicas: tuple[RunningServer, RunningServer], redis: RedisProcess
+) -> None:
+    first, second = replicas
+    data = image(2)
+    await ask(first, data)
+
+    async def held_by_second() -> bool:
+        return bool((await ask(second, data)).final.cache.images[0].tier in ("redis", "memory"))
+
+    await eventually(held_by_second, timeout=10)
+    async with first.client() as client:
+        await client.cache.Invalidate(
+            cache_pb2.InvalidateRequest(digest=digest_of(data)), timeout=10
+        )
+
+    async def forgotten() -> bool:
+        async with second.client() as client:
+            answer = await client.cache.Inspect(
+                cache_pb2.InspectRequest(digest=digest_of(data)), timeout=10
+            )
+        return {e.stage: e.state for e in answer.stages}.get("embedding") == "absent"
+
+    await eventually(forgotten, timeout=10)
+    before = await encodes(second)
+    report = (await ask(second, data)).final.cache.images[0]
+    assert (report.outcome, report.tier) == ("miss", "")
+    assert await encodes(second) == before + 1
+
+
+async def test_bad_bytes_in_redis_are_a_counted_miss_and_the_request_succeeds(
+    replicas: tuple[RunningServer, RunningServer], redis: RedisProcess
+) -> None:
+    first, second = replicas
+    known = set(redis.cli("--scan", "--pattern", "mmgate:*:embedding:*").split())
+    data = image(3)
+    await ask(first, data)
+
+    def written() -> set[str]:
+        return set(redis.cli("--scan", "--pattern", "mmgate:*:embedding:*").split()) - known
+
+    async def any_written() -> bool:
+        return bool(written())
+
+    await eventually(any_written, timeout=10)
+    (key,) = written()
+    redis.cli("SET", key, "not a value mmgate wrote")
+    refused = (await scrape(second.metrics_url)).value("mmgate_tier_refused_values_total")
+    before = await encodes(second)
+    answer = await ask(second, data)
+    assert answer.final.usage.completion_tokens == 4
+    assert answer.final.cache.images[0].tier == ""  # computed afresh
+    assert await encodes(second) == before + 1
+    metrics = await scrape(second.metrics_url)
+    assert metrics.value("mmgate_tier_refused_values_total") == refused + 1
+
+
+async def test_a_killed_redis_costs_no_caller_anything(
+    replicas: tuple[RunningServer, RunningServer], redis: RedisProcess
+) -> None:
+    first, second = replicas
+    mix = Mix(max_tokens=2, image_ratio=1.0, image_repeat=0.0, working_set=1, seed=40)
+    # the first replica computes 24 images; the second then gets them from Redis
+    async with first.client(timeout=60) as one:
+        await run(one, Workload(mix), Limits(requests=24, concurrency=4))
+    await asyncio.sleep(0.5)  # the write-backs
+    async with second.client(timeout=60) as two:
+        warm, _, _ = await run(two, Workload(mix), Limits(requests=8, concurrency=4))
+        assert sum(1 for o in warm for stage, _, tier in o.lookups if tier == "redis") > 0
+        load = asyncio.ensure_future(
+            run(two, Workload(mix), Limits(requests=60, concurrency=4, timeout=30))
+        )
+        await asyncio.sleep(0.3)
+        redis.kill()
+        killed = time.monotonic()
+
+        async def open_breaker() -> bool:
+            m = await scrape(second.metrics_url)
+            return m.value("mmgate_actor_tier_breaker_open", tier="redis") == 1
+
+        await eventually(open_breaker, timeout=20)
+        to_open = time.monotonic() - killed
+        outcomes, _, _ = await load
+        assert {o.code for o in outcomes} == {"OK"}  # no caller saw the outage
+        redis.start()
+
+        attempts = iter(range(1000, 2000))
+
+        async def used_again() -> bool:
+            # a new image each time: once the breaker closes, its encoder output is written
+            await ask(second, image(next(attempts)))
+            await asyncio.sleep(0.1)
+            return redis.cli("DBSIZE") != "0"
+
+        await eventually(used_again, timeout=30)
+    print(f"\nredis killed -> breaker open in {to_open:.2f} s; {len(outcomes)} requests, all OK")
