@@ -30,14 +30,14 @@ def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def replicas(
-    tmp_path_factory: pytest.TempPathFactory, redis: RedisProcess
+def two_replicas(
+    tmp_path_factory: pytest.TempPathFactory, url: str, **settings: str
 ) -> Iterator[tuple[RunningServer, RunningServer]]:
+    """Two servers sharing the Redis at ``url``, each engine pinned to a core of its own."""
     model = build_tiny_llava(tmp_path_factory.mktemp("models") / "tiny-llava")
     servers = []
     try:
-        for cpu in ("0", "1"):  # two engines on two cores: each its own
+        for cpu in ("0", "1"):
             servers.append(
                 start_server(
                     tmp_path_factory.mktemp(f"replica-{cpu}"),
@@ -46,15 +46,23 @@ def replicas(
                     MMGATE_ENGINE__DTYPE="float32",
                     MMGATE_ENGINE__KV_CACHE_MEMORY_BYTES=str(64 << 20),
                     VLLM_CPU_OMP_THREADS_BIND=cpu,
-                    MMGATE_REDIS__URL=redis.url,
+                    MMGATE_REDIS__URL=url,
                     MMGATE_REDIS__BREAKER_SECONDS="2",
                     MMGATE_REDIS__BREAKER_FAILURES="3",
+                    **settings,
                 )
             )
         yield servers[0], servers[1]
     finally:
         for server in servers:
             server.stop()
+
+
+@pytest.fixture(scope="module")
+def replicas(
+    tmp_path_factory: pytest.TempPathFactory, redis: RedisProcess
+) -> Iterator[tuple[RunningServer, RunningServer]]:
+    yield from two_replicas(tmp_path_factory, redis.url)
 
 
 def image(seed: int) -> bytes:
@@ -75,15 +83,18 @@ async def encodes(server: RunningServer) -> float:
 async def test_an_image_encoded_by_one_replica_is_a_redis_hit_on_the_other(
     replicas: tuple[RunningServer, RunningServer],
 ) -> None:
-    first, second = replicas
-    data = image(1)
+    await image_is_shared(*replicas, seed=1)
+
+
+async def image_is_shared(first: RunningServer, second: RunningServer, seed: int) -> None:
+    data = image(seed)
     answer = await ask(first, data)
     assert answer.final.cache.images[0].tier == ""  # computed here
     before = await encodes(second)
 
     async def from_redis() -> bool:
         # the write-back is queued, not waited for
-        report = (await ask(second, image(1))).final.cache.images[0]
+        report = (await ask(second, image(seed))).final.cache.images[0]
         return bool(report.tier == "redis")
 
     await eventually(from_redis, timeout=10)
@@ -95,11 +106,12 @@ async def test_an_image_encoded_by_one_replica_is_a_redis_hit_on_the_other(
 async def test_a_deterministic_response_is_shared_too(
     replicas: tuple[RunningServer, RunningServer],
 ) -> None:
-    first, second = replicas
+    await response_is_shared(*replicas, "Name three rivers.")
+
+
+async def response_is_shared(first: RunningServer, second: RunningServer, prompt: str) -> None:
     async with first.client(timeout=60) as one, second.client(timeout=60) as two:
-        request = build_request(
-            "Name three rivers.", max_tokens=8, temperature=0.0, cache_policy="response"
-        )
+        request = build_request(prompt, max_tokens=8, temperature=0.0, cache_policy="response")
         made = await one.complete_request(request)
         assert not made.final.cache.response_from_cache
 
@@ -115,10 +127,15 @@ async def test_a_deterministic_response_is_shared_too(
 
 
 async def test_invalidate_on_one_replica_is_a_miss_on_the_other(
-    replicas: tuple[RunningServer, RunningServer], redis: RedisProcess
+    replicas: tuple[RunningServer, RunningServer],
 ) -> None:
-    first, second = replicas
-    data = image(2)
+    await invalidate_reaches_the_other(*replicas, seed=2)
+
+
+async def invalidate_reaches_the_other(
+    first: RunningServer, second: RunningServer, seed: int
+) -> None:
+    data = image(seed)
     await ask(first, data)
 
     async def held_by_second() -> bool:

@@ -1,0 +1,42 @@
+"""The replicas' sharing against a real 3-master Redis Cluster (``MMGATE_REDIS__CLUSTER=true``):
+an image encoded by one is a Redis hit on the other, a deterministic response is shared, and an
+invalidation reaches the other replica."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.redis_support import RedisProcess, redis_cluster
+from tests.support import RunningServer
+
+from . import test_replicas as shared
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RedisProcess]]:
+    nodes = redis_cluster(tmp_path_factory.mktemp("cluster"))
+    yield nodes
+    for node in nodes:
+        node.stop()
+
+
+@pytest.fixture(scope="module")
+def replicas(
+    tmp_path_factory: pytest.TempPathFactory, cluster: list[RedisProcess]
+) -> Iterator[tuple[RunningServer, RunningServer]]:
+    # each replica knows one node; the client finds the others
+    yield from shared.two_replicas(tmp_path_factory, cluster[1].url, MMGATE_REDIS__CLUSTER="true")
+
+
+async def test_sharing_through_a_cluster(
+    replicas: tuple[RunningServer, RunningServer], cluster: list[RedisProcess]
+) -> None:
+    for seed in (11, 12, 13):  # keys in different slots
+        await shared.image_is_shared(*replicas, seed=seed)
+    await shared.response_is_shared(*replicas, "Name three mountains.")
+    await shared.invalidate_reaches_the_other(*replicas, seed=14)
+    assert sum(int(node.cli("DBSIZE")) for node in cluster) > 0
