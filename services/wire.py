@@ -13,6 +13,9 @@ from typing import Final
 
 # Metadata a caller sends: the tenant its cache entries belong to (a label, not a credential).
 TENANT_HEADER: Final = "x-mmgate-tenant"
+# where a request's caches live: the first image's digest, else the system prompt's; a proxy that
+# hashes on it sends repeats to the replica that holds them
+AFFINITY_HEADER: Final = "x-mmgate-affinity"
 DEFAULT_TENANT: Final = "default"
 TRACE_HEADERS: Final = ("traceparent", "tracestate")
 
@@ -47,6 +50,7 @@ def is_digest(text: str) -> bool:
 
 
 __all__ = [
+    "AFFINITY_HEADER",
     "CACHE_UNAVAILABLE",
     "DEFAULT_TENANT",
     "DIGEST_PREFIX",

@@ -10,6 +10,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ..proto.mmgate.v1 import cache_pb2, cache_pb2_grpc, inference_pb2, inference_pb2_grpc
+from ..wire import AFFINITY_HEADER, digest_of
 from .requests import DEFAULT_TARGET, Attempts, HeldImages, build_request, call_metadata
 
 
@@ -50,11 +51,11 @@ class MmgateClient:
         self, request: inference_pb2.GenerateRequest, *, timeout: float | None = None
     ) -> AsyncGenerator[inference_pb2.GenerateResponse, None]:
         """The raw stream: deltas, then one final message; closing it early cancels the call."""
-        attempts = Attempts(self.held, request)
+        attempts = Attempts(self.held, request, self.metadata)
         while True:
             streamed = False
             call = self.inference.Generate(
-                attempts.current, timeout=timeout or self.timeout, metadata=self.metadata
+                attempts.current, timeout=timeout or self.timeout, metadata=attempts.metadata
             )
             try:
                 async for event in call:
@@ -83,11 +84,11 @@ class MmgateClient:
     async def complete_request(
         self, request: inference_pb2.GenerateRequest, *, timeout: float | None = None
     ) -> inference_pb2.CompleteResponse:
-        attempts = Attempts(self.held, request)
+        attempts = Attempts(self.held, request, self.metadata)
         while True:
             try:
                 response: inference_pb2.CompleteResponse = await self.inference.Complete(
-                    attempts.current, timeout=timeout or self.timeout, metadata=self.metadata
+                    attempts.current, timeout=timeout or self.timeout, metadata=attempts.metadata
                 )
             except grpc.aio.AioRpcError as error:
                 if not attempts.resend_with_bytes(error):
@@ -101,7 +102,8 @@ class MmgateClient:
         response: cache_pb2.PrefetchResponse = await self.cache.Prefetch(
             cache_pb2.PrefetchRequest(data=data, mime_type=mime_type),
             timeout=self.timeout,
-            metadata=self.metadata,
+            # to the replica its requests will hash to
+            metadata=(*self.metadata, (AFFINITY_HEADER, digest_of(data))),
         )
         self.held.add(response.digest)
         return response

@@ -15,7 +15,7 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 
 from ..proto.mmgate.v1 import inference_pb2
-from ..wire import IMAGE_NOT_FOUND, IMAGE_PLACEHOLDER, TENANT_HEADER, digest_of
+from ..wire import AFFINITY_HEADER, IMAGE_NOT_FOUND, IMAGE_PLACEHOLDER, TENANT_HEADER, digest_of
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 CACHE_POLICIES = {
@@ -63,6 +63,19 @@ def build_request(
 
 def call_metadata(tenant: str | None) -> tuple[tuple[str, str], ...]:
     return ((TENANT_HEADER, tenant),) if tenant else ()
+
+
+def affinity_of(request: inference_pb2.GenerateRequest) -> str | None:
+    """The request's affinity key: the digest of its first image, else of its system prompt
+    (the prefix requests share); None for a request with neither."""
+    if request.images:
+        first = request.images[0]
+        return first.digest or digest_of(first.data)
+    if request.HasField("chat"):
+        system = [m.content for m in request.chat.messages if m.role == "system"]
+        if system:
+            return digest_of("\n".join(system).encode())
+    return None
 
 
 def error_reason(error: grpc.RpcError) -> str:
@@ -132,13 +145,21 @@ class Attempts:
     """One call's requests, for both clients: ``current`` is sent first (held images as
     digests), and ``resend_with_bytes`` decides, once, whether it goes again as built."""
 
-    __slots__ = ("_held", "_request", "current")
+    __slots__ = ("_held", "_request", "current", "metadata")
 
-    def __init__(self, held: HeldImages, request: inference_pb2.GenerateRequest) -> None:
+    def __init__(
+        self,
+        held: HeldImages,
+        request: inference_pb2.GenerateRequest,
+        metadata: tuple[tuple[str, str], ...] = (),
+    ) -> None:
         self._held = held
         self._request = request
         slim = held.by_reference(request)
         self.current = request if slim is None else slim
+        # the client's metadata, and the request's affinity key for the mesh's hashing
+        affinity = affinity_of(request)
+        self.metadata = metadata if affinity is None else (*metadata, (AFFINITY_HEADER, affinity))
 
     def resend_with_bytes(self, error: grpc.RpcError, *, streamed: bool = False) -> bool:
         """True, and ``current`` becomes the request with the bytes, when ``current`` went by
@@ -160,6 +181,7 @@ __all__ = [
     "HELD_DIGESTS",
     "Attempts",
     "HeldImages",
+    "affinity_of",
     "build_request",
     "call_metadata",
     "digest_of",

@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2
 
 from services.client import MmgateClient, SyncClient, build_request, digest_of
 from services.proto.mmgate.v1 import inference_pb2 as pb
+from services.wire import AFFINITY_HEADER
 
 from .conftest import RunningServer, start_server
 from .imagegen import png
@@ -183,10 +184,13 @@ class Recorder(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientIntercept
 
     def __init__(self) -> None:
         self.sent: list[list[str]] = []
+        self.affinity: list[str | None] = []  # the x-mmgate-affinity header of each call
 
     def _record(self, details: Any, request: Any) -> None:
         if details.method.endswith(("/Generate", "/Complete")):
             self.sent.append(sources(request))
+        if details.method.endswith(("/Generate", "/Complete", "/Prefetch")):
+            self.affinity.append(dict(details.metadata or ()).get(AFFINITY_HEADER))
 
     def intercept_unary_unary(
         self, continuation: Callable[[Any, Any], Any], details: Any, request: Any
@@ -289,3 +293,28 @@ async def test_the_async_stream_resends_the_bytes(vision_server: RunningServer) 
         events = [event async for event in client.generate(ask(data))]
     assert events[-1].final.cache.images[0].outcome == "miss"
     assert recorder.sent == [["digest"], ["data"]]  # the Generate calls (Complete not recorded)
+
+
+def test_each_call_names_its_affinity_for_the_mesh(recorded: tuple[SyncClient, Recorder]) -> None:
+    client, recorder = recorded
+    picture, other = png(11), png(12)
+    system = "You describe pictures in one word."
+    chat = build_request(
+        messages=[("system", system), ("user", "<image> and <image>: what are they?")],
+        images=[picture, other],
+        max_tokens=2,
+    )
+    client.complete_request(chat)
+    client.complete_request(chat)  # the image now goes by digest: the same key
+    client.complete_request(
+        build_request(messages=[("system", system), ("user", "Hi")], max_tokens=2)
+    )
+    client.complete_request(build_request("Hi", max_tokens=2))
+    client.prefetch(other)
+    assert recorder.affinity == [
+        digest_of(picture),  # the first image's digest
+        digest_of(picture),
+        digest_of(system.encode()),  # no image: the shared system prompt's
+        None,  # neither: no header, any replica will do
+        digest_of(other),
+    ]
