@@ -14,9 +14,14 @@ its own question. Cases:
   (c) mmgate     embeddings mode, an image whose encoder output mmgate holds; vLLM's own
                  multimodal, encoder and prefix caches are emptied before each request, so
                  only mmgate's cache helps: no decode, no processor, no encoder run
+  (d) Redis      embeddings mode with a real redis-server as the second tier: an image whose
+                 encoder output only Redis holds (this replica's memory copy dropped, as on a
+                 replica that never saw it; vLLM's caches emptied): a round trip, a digest
+                 check and a decode of the stored tensor instead of a decode and an encode
 Pixels mode and embeddings mode are two servers, started one after the other (one engine at a
 time). Prompts are short, so vLLM's prefix cache (128-token blocks on CPU) reuses no block in any
-case. Printed: p50 and p99 TTFT per case, and the ratios (a)/(c), (b)/(c), (a)/(b).
+case. Printed: p50 and p99 TTFT per case, and the ratios (a)/(c), (b)/(c), (a)/(b), (a')/(d),
+(d)/(c).
 Goal: (c) at least 2x faster than (a) at p50.
 """
 
@@ -27,6 +32,8 @@ import asyncio
 import io
 import os
 import random
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -95,17 +102,40 @@ async def first_token(client: MmgateClient, image: bytes, question: int) -> tupl
     return ttft, outcome
 
 
-def settings(model: Path, mode: str) -> Settings:
+def settings(model: Path, mode: str, redis_url: str | None = None) -> Settings:
     return Settings(
         port=0,
         engine=engine_settings(model),
         metrics={"port": 0},
         media={"mode": mode},
+        redis={"url": redis_url},
     )
 
 
-async def serve(model: Path, mode: str) -> tuple[MmgateServer, MmgateClient]:
-    server = MmgateServer(settings(model, mode), model=str(model))
+def redis_server(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A redis-server of this run's own, on a free port, without persistence."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
+        cwd=directory,
+        stdout=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return process, f"redis://127.0.0.1:{port}/0"
+        time.sleep(0.05)
+    process.kill()
+    raise TimeoutError("redis-server did not start")
+
+
+async def serve(
+    model: Path, mode: str, redis_url: str | None = None
+) -> tuple[MmgateServer, MmgateClient]:
+    server = MmgateServer(settings(model, mode, redis_url), model=str(model))
     await server.start()
     client = MmgateClient(f"127.0.0.1:{server.port}", timeout=120)
     # every image goes with its bytes: the cases, not the client, decide what is cached
@@ -113,9 +143,12 @@ async def serve(model: Path, mode: str) -> tuple[MmgateServer, MmgateClient]:
     return server, client
 
 
-async def measure(model: Path, images: Sequence[bytes], warmup: Sequence[bytes]) -> list[Case]:
+async def measure(
+    model: Path, images: Sequence[bytes], warmup: Sequence[bytes], redis_url: str
+) -> list[Case]:
     new_pixels, vllm_only = Case("(a) new, pixels mode"), Case("(b) vLLM's cache only")
     new_embeddings, mmgate = Case("(a') new, embeddings mode"), Case("(c) mmgate's cache only")
+    redis = Case("(d) Redis, another replica's")
 
     server, client = await serve(model, "pixels")
     try:
@@ -134,7 +167,7 @@ async def measure(model: Path, images: Sequence[bytes], warmup: Sequence[bytes])
         await client.close()
         await server.stop(grace=5)
 
-    server, client = await serve(model, "embeddings")
+    server, client = await serve(model, "embeddings", redis_url)
     try:
         for i, image in enumerate(warmup):
             await first_token(client, image, 10_000 + i)
@@ -142,6 +175,19 @@ async def measure(model: Path, images: Sequence[bytes], warmup: Sequence[bytes])
             ttft, outcome = await first_token(client, image, 2_000 + i)
             new_embeddings.ttft.append(ttft)
             new_embeddings.outcomes.append(outcome)
+        for _ in range(600):  # the write-backs to Redis, at most 30 s
+            if not server.cache.stats().tier_write_queue_depth:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)  # the last SET in flight
+        for i, image in enumerate(images):
+            # as on a replica that never saw the image: only Redis holds its encoder output
+            for key in server.pipeline.media.stage_keys(digest_of(image)).values():
+                await server.cache.invalidate(key, local=True)
+            await server.engine.forget_media()
+            ttft, outcome = await first_token(client, image, 4_000 + i)
+            redis.ttft.append(ttft)
+            redis.outcomes.append(outcome)
         for i, image in enumerate(images):
             await server.engine.forget_media()
             ttft, outcome = await first_token(client, image, 3_000 + i)
@@ -150,7 +196,7 @@ async def measure(model: Path, images: Sequence[bytes], warmup: Sequence[bytes])
     finally:
         await client.close()
         await server.stop(grace=5)
-    return [new_pixels, vllm_only, new_embeddings, mmgate]
+    return [new_pixels, vllm_only, new_embeddings, mmgate, redis]
 
 
 def report(cases: Sequence[Case], size: tuple[int, int]) -> None:
@@ -159,13 +205,15 @@ def report(cases: Sequence[Case], size: tuple[int, int]) -> None:
     for case in cases:
         outcomes = {o: case.outcomes.count(o) for o in sorted(set(case.outcomes))}
         print(f"{case.name:<28} {case.ms(0.5):8.2f} {case.ms(0.99):8.2f}  {outcomes}")
-    a, b, a2, c = cases
+    a, b, a2, c, d = cases
     print("\nratios at p50 (above 1: the second is faster)")
     print(f"  (a) new / (c) mmgate's cache        {a.ms(0.5) / c.ms(0.5):6.2f}x   goal >= 2x")
     print(f"  (a') new, embeddings / (c)          {a2.ms(0.5) / c.ms(0.5):6.2f}x")
     print(f"  (b) vLLM's cache / (c)              {b.ms(0.5) / c.ms(0.5):6.2f}x")
     print(f"  (a) new / (b) vLLM's cache          {a.ms(0.5) / b.ms(0.5):6.2f}x")
     print(f"  (a) pixels / (a') embeddings, new   {a.ms(0.5) / a2.ms(0.5):6.2f}x")
+    print(f"  (a') new / (d) Redis                {a2.ms(0.5) / d.ms(0.5):6.2f}x")
+    print(f"  (d) Redis / (c) mmgate's memory     {d.ms(0.5) / c.ms(0.5):6.2f}x")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -188,7 +236,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"images: {len(images[0]) // 1024} KiB JPEG each", file=sys.stderr)
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or build_tiny_llava(Path(tmp) / "tiny-llava")
-        cases = asyncio.run(measure(model, images, warmup))
+        redis, url = redis_server(Path(tmp))
+        try:
+            cases = asyncio.run(measure(model, images, warmup, url))
+        finally:
+            redis.terminate()
+            redis.wait(timeout=30)
     report(cases, size)
 
 
