@@ -279,8 +279,14 @@ class ActorLoop:
             hit = Lookup(done.value, Outcome.HIT, "memory", done.nbytes)
             self.store.admit(full_key, hit, done.nbytes, done.tier)
         leader = flight.leader_token
-        miss = Lookup(done.value, Outcome.MISS, done.tier, done.nbytes, flight.id, leader)
-        joined = Lookup(done.value, Outcome.COALESCED, done.tier, done.nbytes, flight.id, leader)
+        failure = None
+        if done.tier_error is not None and self.tier is not None:
+            kind = "timeout" if isinstance(done.tier_error, TimeoutError) else "error"
+            failure = (self.tier.name, kind)
+        miss = Lookup(done.value, Outcome.MISS, done.tier, done.nbytes, flight.id, leader, failure)
+        joined = Lookup(
+            done.value, Outcome.COALESCED, done.tier, done.nbytes, flight.id, leader, failure
+        )
         for future, _ in waiters:
             if not future.done():
                 future.set_result(miss if future is flight.leader else joined)

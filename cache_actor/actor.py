@@ -325,6 +325,7 @@ class CacheActor:
             nbytes=None if lookup is None else lookup.nbytes,
             error=error,
             flight_id=None if lookup is None else lookup.flight_id,
+            tier_failure=None if lookup is None else lookup.tier_failure,
             leader_token=None if lookup is None else lookup.leader_token,
         )
         _call_hook(hook.lookup_finished, token, event)

@@ -32,6 +32,9 @@ class Lookup(Generic[V]):
     flight_id: int | None = None
     # the hook's token of the lookup that started the flight (see LookupEvent.leader_token)
     leader_token: object | None = field(default=None, repr=False, compare=False)
+    # the flight asked the second tier and it failed: (its name, "timeout" or "error"); None
+    # when it answered or was not asked
+    tier_failure: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +49,7 @@ class LookupEvent:
     nbytes: int | None
     error: BaseException | None
     flight_id: int | None
+    tier_failure: tuple[str, str] | None  # see Lookup.tier_failure
     # The token ``lookup_started`` returned for the lookup that started the flight this one was
     # served by (its own token for a miss): lets a tracer link a coalesced lookup to the leader.
     leader_token: object | None

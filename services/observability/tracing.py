@@ -256,6 +256,11 @@ class LookupSpans:
         }
         if event.tier is not None:
             attributes["mmgate.cache.tier"] = event.tier
+        if event.tier_failure is not None:
+            # the second tier was asked and failed: the value was computed instead
+            attributes["mmgate.cache.tier"], attributes["mmgate.cache.tier_outcome"] = (
+                event.tier_failure
+            )
         if event.nbytes is not None:
             attributes["mmgate.cache.bytes"] = event.nbytes
         if event.flight_id is not None:

@@ -305,6 +305,41 @@ async def test_failed_lookups_say_how(cache: CacheActor, exporter: InMemorySpanE
     )
 
 
+class DownTier:
+    """A second tier that fails or hangs: Redis down, or stopped."""
+
+    name = "redis"
+
+    def __init__(self, hang: bool) -> None:
+        self.hang = hang
+
+    async def get(self, tenant: str, key: str, *, stage: str, timeout: float) -> Any:
+        if self.hang:
+            await asyncio.Event().wait()
+        raise ConnectionError("connection refused")
+
+    async def set(self, tenant: str, key: str, value: Any, *, stage: str, timeout: float) -> None:
+        raise ConnectionError("connection refused")
+
+    async def delete(self, tenant: str, key: str, *, stage: str | None, timeout: float) -> None:
+        raise ConnectionError("connection refused")
+
+
+@pytest.mark.parametrize(("hang", "outcome"), [(False, "error"), (True, "timeout")])
+async def test_a_failed_tier_read_is_in_the_lookup_span(
+    tracer: trace.Tracer, exporter: InMemorySpanExporter, hang: bool, outcome: str
+) -> None:
+    config = CacheConfig(tier_timeout=0.01)
+    async with CacheActor(config, hook=LookupSpans(tracer), tier=DownTier(hang)) as cache:
+        gate = Gate(b"computed")
+        gate.release.set()
+        assert (await cache.get("k", gate)).value == b"computed"  # the caller never sees it
+    (lookup,) = by_name(exporter, "cache.lookup")
+    assert attrs(lookup)["mmgate.cache.outcome"] == "miss"
+    assert attrs(lookup)["mmgate.cache.tier"] == "redis"
+    assert attrs(lookup)["mmgate.cache.tier_outcome"] == outcome
+
+
 # ── log records ──────────────────────────────────────────────────────────────────────────────
 
 

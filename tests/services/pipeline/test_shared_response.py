@@ -7,11 +7,16 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from cache_actor import CacheActor
+import pytest
+
+from cache_actor import CacheActor, InMemoryTier
 from services.config import Settings
 from services.pipeline.generation import Pipeline
 from services.pipeline.request import Request
+from services.pipeline.responses import ResponseRecording
+from services.pipeline.tier_values import ResponseCodec
 from services.types import EngineDelta, EngineRequest, Finished, GenerationRequest, Sampling
+from tests.support import until
 
 
 class Tokenizer:
@@ -90,3 +95,51 @@ async def test_a_request_joins_a_run_in_the_middle() -> None:
         assert (third_end.completion_tokens, third_end.finish_reason) == (2, "stop")
         assert engine.runs == 1
         await pipeline.close()
+
+
+class FailingEngine(PacedEngine):
+    """Yields one token, then dies (after the test says so)."""
+
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineDelta, None]:
+        self.runs += 1
+        yield EngineDelta("Hello", (1,))
+        await self.go_on.wait()
+        raise RuntimeError("engine died")
+
+
+async def test_only_a_run_that_finished_normally_reaches_the_second_tier() -> None:
+    tier = InMemoryTier("redis")
+    engine = PacedEngine()
+    async with CacheActor(tier=tier) as cache:
+        pipeline = Pipeline(Settings(), engine, cache)
+        run = pipeline.generate(shared_request())
+        await anext(run)  # the run is in its middle: its recording is in memory, not the tier
+        await cache.ping()
+        assert tier.values == {}
+        engine.go_on.set()
+        [event async for event in run]
+        await until(lambda: tier.sets == 1)
+        ((_, stored),) = tier.values.items()
+        assert isinstance(stored, ResponseRecording)
+        assert stored.done
+        assert stored.error is None
+        assert [d.text for d in stored.deltas] == ["Hello", " world"]
+        # what another replica reads back: a finished recording, replayed whole
+        codec = ResponseCodec()
+        again = codec.decode(codec.encode(stored))
+        assert [d.text async for d in again.replay()] == ["Hello", " world"]
+
+    tier = InMemoryTier("redis")
+    failing = FailingEngine()
+    async with CacheActor(tier=tier) as cache:
+        pipeline = Pipeline(Settings(), failing, cache)
+        run = pipeline.generate(shared_request())
+        await anext(run)
+        failing.go_on.set()
+        with pytest.raises(RuntimeError):
+            [event async for event in run]
+        left = pipeline.generate(shared_request())
+        await anext(left)
+        await left.aclose()  # an abandoned run: aborted
+        await cache.ping()
+        assert tier.sets == 0  # a failed or aborted run is never written

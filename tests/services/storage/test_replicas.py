@@ -188,6 +188,41 @@ async def test_bad_bytes_in_redis_are_a_counted_miss_and_the_request_succeeds(
     assert metrics.value("mmgate_tier_refused_values_total") == refused + 1
 
 
+async def test_a_stopped_redis_is_timed_out_and_costs_callers_little(
+    replicas: tuple[RunningServer, RunningServer], redis: RedisProcess
+) -> None:
+    _, second = replicas
+
+    async def timed(seeds: range) -> list[float]:
+        took = []
+        for seed in seeds:  # new images: each a miss that asks Redis first
+            started = time.perf_counter()
+            answer = await ask(second, image(seed))
+            took.append(time.perf_counter() - started)
+            assert answer.final.usage.completion_tokens == 4
+        return took
+
+    healthy = await timed(range(300, 306))
+    read_errors = (await scrape(second.metrics_url)).value(
+        "mmgate_actor_tier_errors_total", op="read"
+    )
+    redis.pause()  # slow, not down: connections stay open, nothing answers
+    try:
+        stopped = await timed(range(400, 406))
+    finally:
+        redis.resume()
+    metrics = await scrape(second.metrics_url)
+    # three timeouts open the breaker (MMGATE_REDIS__BREAKER_FAILURES=3); then Redis is not asked
+    assert metrics.value("mmgate_actor_tier_errors_total", op="read") == read_errors + 3
+    # each request waited at most one tier timeout (0.25 s) longer than with Redis answering
+    assert max(stopped) <= max(healthy) + 0.25 + 0.5, (healthy, stopped)
+    print(
+        f"\nredis stopped -> 6 requests: slowest {max(stopped) * 1000:.0f} ms, fastest "
+        f"{min(stopped) * 1000:.0f} ms (breaker open); with Redis answering: slowest "
+        f"{max(healthy) * 1000:.0f} ms; 3 read timeouts"
+    )
+
+
 async def test_a_killed_redis_costs_no_caller_anything(
     replicas: tuple[RunningServer, RunningServer], redis: RedisProcess
 ) -> None:
@@ -197,9 +232,16 @@ async def test_a_killed_redis_costs_no_caller_anything(
     async with first.client(timeout=60) as one:
         await run(one, Workload(mix), Limits(requests=24, concurrency=4))
     await asyncio.sleep(0.5)  # the write-backs
+
+    async def breaker_closed() -> bool:  # an earlier test may have left it open for its 2 s
+        m = await scrape(second.metrics_url)
+        return m.value("mmgate_actor_tier_breaker_open", tier="redis") == 0
+
+    await eventually(breaker_closed, timeout=10)
     async with second.client(timeout=60) as two:
         warm, _, _ = await run(two, Workload(mix), Limits(requests=8, concurrency=4))
-        assert sum(1 for o in warm for stage, _, tier in o.lookups if tier == "redis") > 0
+        # served from Redis before it dies
+        assert "redis" in [tier for o in warm for _, _, tier in o.lookups]
         load = asyncio.ensure_future(
             run(two, Workload(mix), Limits(requests=60, concurrency=4, timeout=30))
         )
