@@ -88,11 +88,17 @@ class RedisProcess:
 
 
 def redis_server(
-    directory: Path, *, password: str | None = None, acl: str | None = None
+    directory: Path,
+    *,
+    password: str | None = None,
+    acl: str | None = None,
+    extra: list[str] | None = None,
 ) -> RedisProcess:
-    """One server without persistence; ``acl`` is a line of ACL rules for an extra user."""
+    """One server without persistence; ``acl`` is a line of ACL rules for an extra user,
+    ``extra`` more redis-server arguments."""
     port = free_port()
     args = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    args += extra or []
     if password:
         args += ["--requirepass", password]
     if acl:

@@ -223,3 +223,22 @@ def test_prepare_converts_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert calls[0].parent == tmp_path
     assert (first / "config.json").is_file()
     assert _leftovers(tmp_path) == []
+
+
+def test_a_model_is_known_by_its_content_not_its_name(tmp_path: Path) -> None:
+    from services.models import model_fingerprint
+
+    def folder(where: str, weights: bytes) -> Path:
+        model = tmp_path / where / "model"  # every one of them called "model"
+        model.mkdir(parents=True)
+        (model / "config.json").write_text('{"model_type": "llama"}')
+        (model / "model.safetensors").write_bytes(weights)
+        return model
+
+    weights = bytes(range(256)) * 20_000  # 5 MB: its first and last MiB are read
+    one = folder("one", weights)
+    copy = folder("copy", weights)
+    other = folder("other", weights[:-1] + b"\x00")  # one byte at the end differs
+    assert model_fingerprint(str(one)) == model_fingerprint(str(copy))
+    assert model_fingerprint(str(one)) != model_fingerprint(str(other))
+    assert model_fingerprint("org/some-hub-model") != model_fingerprint("org/another")

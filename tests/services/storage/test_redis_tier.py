@@ -291,3 +291,39 @@ async def test_a_cluster_shares_values_and_invalidations(tmp_path: Path) -> None
             await tier.close()
         for node in nodes:
             node.stop()
+
+
+async def test_a_full_redis_refusing_writes_still_serves_what_it_holds(tmp_path: Path) -> None:
+    server = redis_server(
+        tmp_path, extra=["--maxmemory", "4mb", "--maxmemory-policy", "noeviction"]
+    )
+    tier = tier_for(server.url)
+    actor = actor_for(tier, tier_breaker_failures=2)
+    actor.start()
+    try:
+        await actor.get("held", computed("kept"), tenant="t", tier=STAGE)
+        await written(actor)
+        # Redis over its maxmemory: from now on it refuses every write (OOM), reads go on
+        server.cli("CONFIG", "SET", "maxmemory", "1")
+        for i in range(5):
+            await actor.get(f"new{i}", computed(i), tenant="t", tier=STAGE)
+
+        async def refused() -> bool:
+            return actor.stats().tier_write_errors >= 5
+
+        await eventually(refused, timeout=10)
+        # reads go on: the breaker stays closed and the held value is served from Redis
+        other = actor_for(tier)
+        other.start()
+        try:
+            lookup = await other.get("held", computed("recomputed"), tenant="t", tier=STAGE)
+        finally:
+            await other.aclose()
+        assert (lookup.value, lookup.tier) == ("kept", "redis")
+        stats = actor.stats()
+        assert not stats.tier_breaker_open
+        assert stats.tier_errors == 0
+    finally:
+        await actor.aclose()
+        await tier.close()
+        server.stop()
