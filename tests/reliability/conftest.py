@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from services.models import build_tiny_llava
+from tests.redis_support import RedisProcess, redis_server
 from tests.support import ROOT, RunningServer, engine_core, start_server
 
 SOAK = os.environ.get("MMGATE_SOAK") == "1"
@@ -93,11 +94,20 @@ def llava_server(
 
 
 @pytest.fixture(scope="session")
+def chaos_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
+    """The chaos server's second tier: the chaos suite kills it and starts it again."""
+    server = redis_server(tmp_path_factory.mktemp("chaos-redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def chaos_server(
-    tmp_path_factory: pytest.TempPathFactory, tiny_llava: Path
+    tmp_path_factory: pytest.TempPathFactory, tiny_llava: Path, chaos_redis: RedisProcess
 ) -> Iterator[RunningServer]:
     """The chaos and stalls suites' server: faults for the tenants above, short watchdogs,
-    embeddings mode (mmgate decodes and encodes); the stalls suite, last, kills its engine."""
+    embeddings mode (mmgate decodes and encodes), a Redis second tier; the stalls suite, last,
+    kills its engine."""
     running = start_server(
         tmp_path_factory.mktemp("chaos"),
         str(tiny_llava),
@@ -115,6 +125,8 @@ def chaos_server(
         MMGATE_HEALTH__LOOP_RECOVER_SECONDS=str(LOOP_RECOVER_SECONDS),
         MMGATE_CACHE__STALL_THRESHOLD=str(FLIGHT_STALL_SECONDS),
         MMGATE_CACHE__COMPUTE_DEADLINE=str(COMPUTE_DEADLINE_SECONDS),
+        MMGATE_REDIS__URL=chaos_redis.url,
+        MMGATE_REDIS__BREAKER_SECONDS="1",
     )
     yield running
     core = engine_core(running)

@@ -1,7 +1,8 @@
 """Chaos: decodes, encodes and engine requests fail, stall and slow down on purpose (the server's
 MMGATE_CHAOS__* settings, for one tenant), while the client cancels at random moments and sends
-tiny deadlines. Every request ends with a result or its documented status, and afterwards nothing
-is poisoned, stranded or leaked, and health is SERVING again.
+tiny deadlines, and the server's Redis is killed and started again. Every request ends with a
+result or its documented status, and afterwards nothing is poisoned, stranded or leaked, the
+Redis tier is used again, and health is SERVING again.
 
     calm tenant: the reference answers ─▶ chaos tenant: the load, faults and a rude client
     ─▶ quiet again? (flights, waiters, engine requests, active requests, stage threads, tasks)
@@ -22,6 +23,7 @@ from services.cli.bench.report import status
 from services.cli.bench.workload import Mix, Planned, Workload
 from services.client import MmgateClient, digest_of, error_reason
 from services.proto.mmgate.v1 import cache_pb2
+from tests.redis_support import RedisProcess
 from tests.services.prom import Scrape, scrape
 from tests.support import RunningServer, eventually
 
@@ -80,7 +82,9 @@ async def idle_tasks(server: RunningServer) -> float:
         last = tasks
 
 
-async def test_faults_and_a_rude_client_leave_nothing_behind(chaos_server: RunningServer) -> None:
+async def test_faults_and_a_rude_client_leave_nothing_behind(
+    chaos_server: RunningServer, chaos_redis: RedisProcess
+) -> None:
     server = chaos_server
     requests = scaled(800, 10000)
     workload = Workload(MIX)
@@ -98,11 +102,27 @@ async def test_faults_and_a_rude_client_leave_nothing_behind(chaos_server: Runni
         tokens = {o.index: o.tokens for o in reference}
         tasks_before = await idle_tasks(server)
 
+        # Redis, the second tier, is killed a third of the way in and started again at two thirds
+        redis_events: dict[str, int] = {}
+        done = 0
+
+        def on_done(outcome: Outcome) -> None:
+            nonlocal done
+            done += 1
+            if done == requests // 3:
+                chaos_redis.kill()
+                redis_events["killed_after"] = done
+            elif done == 2 * requests // 3:
+                chaos_redis.start()
+                redis_events["restarted_after"] = done
+
         outcomes, _, wall = await run(
             chaos,
             Workload(MIX),
             Limits(requests=requests, concurrency=CONCURRENCY, timeout=TIMEOUT_SECONDS),
+            on_done,
         )
+        assert set(redis_events) == {"killed_after", "restarted_after"}
         codes = Counter(ended(o) for o in outcomes)
         assert len(outcomes) == requests  # every request was answered
         assert set(codes) <= DOCUMENTED, codes
@@ -152,7 +172,18 @@ async def test_faults_and_a_rude_client_leave_nothing_behind(chaos_server: Runni
         for point in ("decode", "encode", "engine"):
             assert sum(v for k, v in injected.items() if k.startswith(point)) > 0, injected
         actor = (await chaos.stats()).actor
+
+        # the tier is used again after the restart: what is computed now is written there
+        attempts = iter(range(50_000, 60_000))
+
+        async def tier_used() -> bool:
+            extra = Workload(dataclasses.replace(polite, image_ratio=1.0, seed=next(attempts)))
+            await run(calm, extra, Limits(requests=2))
+            return chaos_redis.cli("DBSIZE") != "0"
+
+        await eventually(tier_used, timeout=30)
     assert metrics.value("mmgate_chaos_enabled") == 1
+    assert actor.tier_errors > 0  # the reads that met the dead Redis, each a miss
     assert actor.waiters == 0
     assert actor.flights == 0
     record(
@@ -185,6 +216,11 @@ async def test_faults_and_a_rude_client_leave_nothing_behind(chaos_server: Runni
             "bursts_resent": resent,
             "quiet_after_seconds": round(quiet_after, 2),
             "tasks": {"before": tasks_before, "after": tasks_after},
+            "redis": {
+                **redis_events,
+                "read_errors": actor.tier_errors,
+                "write_errors": actor.tier_write_errors,
+            },
             "serving_after_seconds": round(serving_after, 2),
         },
     )
