@@ -165,15 +165,20 @@ def chaos(r: dict[str, Any]) -> str:
         ("health SERVING again", f"{r['serving_after_seconds']} s after"),
     ]
     injects = _paragraph(
-        f"Injects, for one tenant: {shares} (a stall holds until a deadline ends it); the "
-        "server's Redis is killed a third of the way in and started again at two thirds. The "
-        f"client meanwhile cancels {c['cancel_ratio']:.0%} of its requests at a random moment "
-        f"within {c['cancel_within_seconds']} s and sends {c['short_deadline_ratio']:.0%} with a deadline "
-        f"of at most {c['short_deadline_seconds'] * 1000:.0f} ms; {r['requests']:,} requests at "
-        f"concurrency {r['concurrency']}, each with a {r['timeout_seconds']:.0f} s deadline, the "
-        "load suite's mix of text, images and bursts of identical deterministic requests. Every "
-        "status is a documented one: OK, UNAVAILABLE with reason INJECTED_FAULT, "
-        "DEADLINE_EXCEEDED, or CANCELLED by the client."
+        " ".join(
+            (
+                f"Injects, for one tenant: {shares} (a stall holds until a deadline ends it);",
+                "the server's Redis is killed a third of the way in and started again at two",
+                f"thirds. The client meanwhile cancels {c['cancel_ratio']:.0%} of its requests",
+                f"at a random moment within {c['cancel_within_seconds']} s and sends",
+                f"{c['short_deadline_ratio']:.0%} with a deadline of at most",
+                f"{c['short_deadline_seconds'] * 1000:.0f} ms; {r['requests']:,} requests at",
+                f"concurrency {r['concurrency']}, each with a {r['timeout_seconds']:.0f} s",
+                "deadline, the load suite's mix of text, images and bursts of identical",
+                "deterministic requests. Every status is a documented one: OK, UNAVAILABLE with",
+                "reason INJECTED_FAULT, DEADLINE_EXCEEDED, or CANCELLED by the client.",
+            )
+        )
     )
     return f"""## Chaos (`tests/reliability/test_chaos.py`, {r["form"]} form)
 
