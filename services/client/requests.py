@@ -15,7 +15,14 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 
 from ..proto.mmgate.v1 import inference_pb2
-from ..wire import AFFINITY_HEADER, IMAGE_NOT_FOUND, IMAGE_PLACEHOLDER, TENANT_HEADER, digest_of
+from ..wire import (
+    AFFINITY_HEADER,
+    IMAGE_NOT_FOUND,
+    IMAGE_PLACEHOLDER,
+    TENANT_HEADER,
+    digest_of,
+    is_digest,
+)
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 CACHE_POLICIES = {
@@ -70,7 +77,11 @@ def affinity_of(request: inference_pb2.GenerateRequest) -> str | None:
     (the prefix requests share); None for a request with neither."""
     if request.images:
         first = request.images[0]
-        return first.digest or digest_of(first.data)
+        if first.HasField("digest"):
+            # only a well-formed one: anything else is the server's to refuse, and would not
+            # even be a legal header value
+            return first.digest if is_digest(first.digest) else None
+        return digest_of(first.data)
     if request.HasField("chat"):
         system = [m.content for m in request.chat.messages if m.role == "system"]
         if system:

@@ -20,6 +20,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from services.client import MmgateClient, SyncClient, build_request, digest_of
+from services.client.requests import affinity_of
 from services.proto.mmgate.v1 import inference_pb2 as pb
 from services.wire import AFFINITY_HEADER
 
@@ -318,3 +319,12 @@ def test_each_call_names_its_affinity_for_the_mesh(recorded: tuple[SyncClient, R
         None,  # neither: no header, any replica will do
         digest_of(other),
     ]
+
+
+def test_a_malformed_digest_sends_no_affinity() -> None:
+    # the server refuses the digest (INVALID_ARGUMENT); the client must not fail on the header
+    request = build_request("<image> What is it?", max_tokens=2)
+    request.images.add(digest="sha256:not\nhex\u00e9")
+    assert affinity_of(request) is None
+    request.images[0].digest = digest_of(b"x")
+    assert affinity_of(request) == digest_of(b"x")
