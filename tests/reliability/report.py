@@ -133,7 +133,7 @@ def chaos(r: dict[str, Any]) -> str:
         f"{point}: " + ", ".join(f"{fault} {share:.0%}" for fault, share in faults.items())
         for point, faults in plan.items()
     )
-    c, a, tasks = r["client"], r["actor"], r["tasks"]
+    c, a, tasks, redis = r["client"], r["actor"], r["tasks"], r["redis"]
     rows = [
         ("requests by kind", _counts(r["kinds"])),
         ("how they ended", _counts(r["codes"])),
@@ -161,6 +161,12 @@ def chaos(r: dict[str, Any]) -> str:
         (
             "tasks on the event loop, idle before / after",
             f"{tasks['before']:.0f} / {tasks['after']:.0f}",
+        ),
+        (
+            "Redis (the second tier) SIGKILLed, then started again",
+            f"after {redis['killed_after']:,} and {redis['restarted_after']:,} answered requests;"
+            f" {redis['read_errors']} reads and {redis['write_errors']} writes met it dead (each"
+            " read a miss, no caller told); written to again after the restart",
         ),
         ("health SERVING again", f"{r['serving_after_seconds']} s after"),
     ]
