@@ -166,7 +166,8 @@ async def test_bad_bytes_under_our_key_are_a_counted_miss_then_replaced(
         assert made.calls == [1]
         assert sum(tier.bad_values.values()) == 1, tier.bad_values
         await written(actor)
-        # the good value replaced the bad one
+        # the good value replaced the bad one, with the stage's TTL (60 s here)
+        assert 0 < await tier.client.pttl(tier.redis_key("t", "response", "k")) <= 60_000
         assert (
             unseal_json(await tier.client.get(tier.redis_key("t", "response", "k")), "response")
             == "fresh"
