@@ -87,6 +87,11 @@ def llava_server(
         MMGATE_ENGINE__DTYPE="float32",
         MMGATE_MEDIA__MODE="pixels",
         MMGATE_SHUTDOWN_GRACE_SECONDS=str(GRACE_SECONDS),
+        # caches small enough to fill, and evict, within the long load: memory that still grows
+        # past them is a leak (with the defaults, 512 MiB and vLLM's 4 GiB processor cache fill
+        # for hours and the long load's RSS rose 14-16%)
+        MMGATE_CACHE__MAX_BYTES=str(32 * 2**20),
+        MMGATE_ENGINE__EXTRA='{"mm_processor_cache_gb": 0.03}',
     )
     yield running
     if running.process.poll() is None:  # the drain suite did not run (or failed before)

@@ -78,6 +78,12 @@ def load(r: dict[str, Any]) -> str:
         ("RSS before (warm)", _mib(r["rss_before_mib"])),
         ("RSS after", f"{_mib(r['rss_after_mib'])} ({growth}; the bound is +10%)"),
         (
+            "mmgate's cache, before / after (its budget here)",
+            f"{r['cache_mib']['before']} / {r['cache_mib']['after']} MiB "
+            f"({r['cache_mib']['budget']} MiB; vLLM's processor cache 30 MB: both fill and "
+            "evict during the load, so growth beyond them would be a leak)",
+        ),
+        (
             "left when the load ended",
             f"flights {left['flights']}, waiters {left['waiters']}, engine requests "
             f"{left['engine_in_flight']}, active requests {left['active_requests']:.0f}",

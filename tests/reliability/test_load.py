@@ -87,6 +87,11 @@ async def test_mixed_load_leaves_nothing_behind(llava_server: RunningServer) -> 
             "rss_before_mib": {k: round(v / 2**20) for k, v in rss_before.items()},
             "rss_after_mib": {k: round(v / 2**20) for k, v in rss_after.items()},
             "rss_growth": {k: round(v, 4) for k, v in growth.items()},
+            "cache_mib": {
+                "before": round(stats_before.bytes / 2**20, 1),
+                "after": round(actor.bytes / 2**20, 1),
+                "budget": 32,
+            },
             "left": {
                 "flights": actor.flights,
                 "waiters": actor.waiters,
