@@ -12,14 +12,14 @@ from __future__ import annotations
 import time
 from typing import Any, final
 
-from cache_actor import CacheActor, TierUse
+from cache_actor import CacheActor
 
 from ..keys import cache_key
 from ..observability.lookups import stage
 from ..observability.spans import span
 from ..types import GenerationRequest, RenderedPrompt
 from ..wire import IMAGE_PLACEHOLDER
-from .request import Request
+from .request import MEMORY_ONLY, Request
 from .threads import StageThreads
 
 
@@ -93,8 +93,7 @@ class PromptStage:
                 lambda: render(tokenizer, checked, self.threads),
                 tenant=request.tenant,
                 timeout=request.left(),
-                # rendering again is cheaper than a round trip to Redis
-                tier=TierUse(read=False, write=False),
+                tier=MEMORY_ONLY,  # rendering again is cheaper than a round trip to Redis
             )
         request.report("prompt", key, lookup, started)
         return lookup.value

@@ -11,11 +11,18 @@ import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, final
+from typing import Any, Final, final
 
-from cache_actor import Lookup
+from cache_actor import Lookup, TierUse
 
 from ..types import GenerationRequest, LookupReport
+
+# How each stage uses the second tier (what Redis holds, and why: tier_values.py). Prompts and
+# decoded images stay in memory; a shared response is read from the tier and written to it by
+# SharedResponses only once its run has finished normally.
+MEMORY_ONLY: Final = TierUse(read=False, write=False)
+EMBEDDING_TIER: Final = TierUse("embedding")
+RESPONSE_TIER: Final = TierUse("response", write=False)
 
 
 def seconds_left(deadline: float) -> float:
@@ -65,4 +72,11 @@ class Request:
         )
 
 
-__all__ = ["Request", "loop_deadline", "seconds_left"]
+__all__ = [
+    "EMBEDDING_TIER",
+    "MEMORY_ONLY",
+    "RESPONSE_TIER",
+    "Request",
+    "loop_deadline",
+    "seconds_left",
+]

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import AsyncGenerator
 from typing import final
 
-from cache_actor import CacheActor, Outcome, TierUse
+from cache_actor import CacheActor, Outcome
 
 from ..engine.protocol import Engine
 from ..errors import EngineUnavailable
@@ -32,7 +32,7 @@ from ..keys import cache_key
 from ..observability.lookups import stage
 from ..types import EngineDelta, EngineImages, EngineRequest, RenderedPrompt, Sampling
 from .chaos import NoChaos
-from .request import Request
+from .request import RESPONSE_TIER, Request
 
 log = logging.getLogger("mmgate.responses")
 
@@ -114,10 +114,6 @@ class ResponseRecording:
         # it leave the limit while its run is still in the engine
         with contextlib.suppress(TimeoutError, asyncio.CancelledError):
             await asyncio.wait_for(asyncio.shield(asyncio.wait({producer})), ABORT_WAIT_SECONDS)
-
-
-# read from the second tier; written to it by _record once the run has finished normally
-RESPONSE_TIER = TierUse("response", write=False)
 
 
 @final

@@ -150,9 +150,10 @@ async def test_faults_and_a_rude_client_leave_nothing_behind(
         assert tasks_after <= tasks_before, (tasks_before, tasks_after)
 
         # no poisoned key: every image's entries are stored or absent, and a stored one serves
-        stages = await image_states(chaos, plans)
+        images = await image_states(chaos, plans)
+        stages = [state for _, states in images.values() for state in states.values()]
         assert set(stages) <= {"stored", "absent"}, stages
-        served = await serve_ready_images(chaos, plans)
+        served = await serve_ready_images(chaos, images)
         resent = await resend_bursts(server, chaos, plans, tokens)
 
         async def serving() -> bool:
@@ -226,27 +227,27 @@ async def test_faults_and_a_rude_client_leave_nothing_behind(
     )
 
 
-async def image_states(client: MmgateClient, plans: list[Planned]) -> list[str]:
-    """The state of every stage entry of every image the load sent, for the chaos tenant."""
-    digests = {digest_of(i.data) for p in plans for i in p.request.images if i.data}
-    states: list[str] = []
-    for digest in sorted(digests):
+async def image_states(
+    client: MmgateClient, plans: list[Planned]
+) -> dict[str, tuple[bytes, dict[str, str]]]:
+    """Every image the load sent, for the chaos tenant: digest -> (bytes, state by stage)."""
+    images = {digest_of(i.data): i.data for p in plans for i in p.request.images if i.data}
+    states = {}
+    for digest, data in sorted(images.items()):
         answer = await client.cache.Inspect(
             cache_pb2.InspectRequest(digest=digest), metadata=client.metadata, timeout=10
         )
-        states.extend(entry.state for entry in answer.stages)
+        states[digest] = (data, {entry.stage: entry.state for entry in answer.stages})
     return states
 
 
-async def serve_ready_images(client: MmgateClient, plans: list[Planned]) -> int:
+async def serve_ready_images(
+    client: MmgateClient, images: dict[str, tuple[bytes, dict[str, str]]]
+) -> int:
     """Each image whose encoder output is held is served from it: a hit, no fault drawn."""
-    images = {digest_of(i.data): i.data for p in plans for i in p.request.images if i.data}
     served = 0
-    for digest, data in images.items():
-        answer = await client.cache.Inspect(
-            cache_pb2.InspectRequest(digest=digest), metadata=client.metadata, timeout=10
-        )
-        if {e.stage: e.state for e in answer.stages}.get("embedding") != "stored":
+    for digest, (data, states) in images.items():
+        if states.get("embedding") != "stored":
             continue
         prefetched = await client.cache.Prefetch(
             cache_pb2.PrefetchRequest(data=data), metadata=client.metadata, timeout=10

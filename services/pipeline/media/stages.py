@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, final
 
 from PIL import Image
 
-from cache_actor import CacheActor, Lookup, TierUse
+from cache_actor import CacheActor, Lookup
 
 from ...config import MediaSettings
 from ...engine.tensors import tensor_nbytes
@@ -53,7 +53,7 @@ from ...observability.spans import span
 from ...types import EngineImages, ImageInput, ImageReport, MediaForm, MediaStats
 from ...wire import digest_of
 from ..chaos import NoChaos
-from ..request import seconds_left
+from ..request import EMBEDDING_TIER, MEMORY_ONLY, seconds_left
 from ..threads import StageThreads
 from .codec import DecodedImage, decode
 
@@ -66,9 +66,6 @@ Shrink = Callable[[Image.Image], Image.Image]
 
 
 log = logging.getLogger("mmgate.media")
-
-MEMORY_ONLY: Final = TierUse(read=False, write=False)
-EMBEDDING_TIER: Final = TierUse("embedding")  # encoder outputs: shared by replicas through Redis
 
 # hashing a large image on the loop would stall it: beyond this, hash in a thread
 _HASH_IN_THREAD_BYTES: Final = 256 * 1024
