@@ -181,7 +181,9 @@ class SharedResponses:
         request.report(
             "response", key, lookup, started, Outcome.COALESCED.value if joined else None
         )
-        return recording.replay(), lookup.outcome is not Outcome.MISS
+        # from the cache: memory, a run joined, or one another replica finished (the second tier)
+        generated_here = lookup.outcome is Outcome.MISS and lookup.tier is None
+        return recording.replay(), not generated_here
 
     async def close(self) -> None:
         """Cancel the producers still running (shutdown)."""

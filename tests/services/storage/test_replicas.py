@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -81,48 +81,72 @@ async def encodes(server: RunningServer) -> float:
 
 
 async def test_an_image_encoded_by_one_replica_is_a_redis_hit_on_the_other(
-    replicas: tuple[RunningServer, RunningServer],
+    replicas: tuple[RunningServer, RunningServer], redis: RedisProcess
 ) -> None:
-    await image_is_shared(*replicas, seed=1)
+    await image_is_shared(*replicas, seed=1, stored=keys_in(redis))
 
 
-async def image_is_shared(first: RunningServer, second: RunningServer, seed: int) -> None:
+# the number of keys Redis holds for a stage ("embedding", "response")
+StoredKeys = Callable[[str], int]
+
+
+def keys_in(*nodes: RedisProcess) -> StoredKeys:
+    def count(stage: str) -> int:
+        pattern = f"mmgate:*:{stage}:*"
+        return sum(len(node.cli("--scan", "--pattern", pattern).split()) for node in nodes)
+
+    return count
+
+
+async def written(stored: StoredKeys, stage: str, before: int) -> None:
+    """The first replica's write-back has landed (it is queued, never waited for)."""
+
+    async def landed() -> bool:
+        return stored(stage) > before
+
+    await eventually(landed, timeout=10)
+
+
+async def image_is_shared(
+    first: RunningServer, second: RunningServer, seed: int, stored: StoredKeys
+) -> None:
     data = image(seed)
+    held = stored("embedding")
     answer = await ask(first, data)
     assert answer.final.cache.images[0].tier == ""  # computed here
+    await written(stored, "embedding", held)
     before = await encodes(second)
-
-    async def from_redis() -> bool:
-        # the write-back is queued, not waited for
-        report = (await ask(second, image(seed))).final.cache.images[0]
-        return bool(report.tier == "redis")
-
-    await eventually(from_redis, timeout=10)
+    report = (await ask(second, data)).final.cache.images[0]
+    assert report.tier == "redis"
     assert await encodes(second) == before  # the second replica's encoder did not run
     again = (await ask(second, data)).final.cache.images[0]
     assert (again.outcome, again.tier) == ("hit", "memory")
 
 
 async def test_a_deterministic_response_is_shared_too(
-    replicas: tuple[RunningServer, RunningServer],
+    replicas: tuple[RunningServer, RunningServer], redis: RedisProcess
 ) -> None:
-    await response_is_shared(*replicas, "Name three rivers.")
+    await response_is_shared(*replicas, "Name three rivers.", keys_in(redis))
 
 
-async def response_is_shared(first: RunningServer, second: RunningServer, prompt: str) -> None:
+async def response_is_shared(
+    first: RunningServer, second: RunningServer, prompt: str, stored: StoredKeys
+) -> None:
     async with first.client(timeout=60) as one, second.client(timeout=60) as two:
         request = build_request(prompt, max_tokens=8, temperature=0.0, cache_policy="response")
+        held = stored("response")
         made = await one.complete_request(request)
         assert not made.final.cache.response_from_cache
-
-        async def shared() -> bool:
-            return bool((await two.complete_request(request)).final.cache.response_from_cache)
-
-        await eventually(shared, timeout=10)
+        await written(stored, "response", held)
         served = await two.complete_request(request)
+        assert served.final.cache.response_from_cache
     assert served.text == made.text
     assert served.final.usage.completion_tokens == made.final.usage.completion_tokens
     lookups = {(up.stage, up.outcome, up.tier) for up in served.final.cache.lookups}
+    assert ("response", "miss", "redis") in lookups
+    async with second.client(timeout=60) as two:
+        again = await two.complete_request(request)
+    lookups = {(up.stage, up.outcome, up.tier) for up in again.final.cache.lookups}
     assert ("response", "hit", "memory") in lookups
 
 

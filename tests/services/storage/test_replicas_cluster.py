@@ -35,8 +35,9 @@ def replicas(
 async def test_sharing_through_a_cluster(
     replicas: tuple[RunningServer, RunningServer], cluster: list[RedisProcess]
 ) -> None:
+    stored = shared.keys_in(*cluster)
     for seed in (11, 12, 13):  # keys in different slots
-        await shared.image_is_shared(*replicas, seed=seed)
-    await shared.response_is_shared(*replicas, "Name three mountains.")
+        await shared.image_is_shared(*replicas, seed=seed, stored=stored)
+    await shared.response_is_shared(*replicas, "Name three mountains.", stored)
     await shared.invalidate_reaches_the_other(*replicas, seed=14)
     assert sum(int(node.cli("DBSIZE")) for node in cluster) > 0
