@@ -17,6 +17,7 @@ from .errors import (
 from .flights import waiting_to_start
 from .lookup import Lookup, LookupEvent, LookupHook, Outcome
 from .stats import CacheStats, EntryInfo
+from .tenants import TenantStats
 from .tiers import InMemoryTier, SecondTier, TierUse
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "LookupHook",
     "Outcome",
     "SecondTier",
+    "TenantStats",
     "TierUse",
     "Weigher",
     "default_weigher",

@@ -36,6 +36,7 @@ from .lookup import Lookup, Outcome
 from .mailbox import Mailbox
 from .stats import Counters
 from .store import FullKey, Store
+from .tenants import TenantLedger
 from .tiers import CircuitBreaker, SecondTier
 
 log = logging.getLogger("cache_actor")
@@ -50,6 +51,7 @@ class ActorLoop:
     def __init__(self, config: CacheConfig, tier: SecondTier | None) -> None:
         self.config = config
         self.counters = Counters()
+        self.tenants = TenantLedger(config.max_tenants)
         self.store = Store(
             max_bytes=config.max_bytes,
             tenant_budget=config.tenant_budget,
@@ -161,6 +163,7 @@ class ActorLoop:
         entry = self.store.get(full_key)
         if entry is not None:
             self.counters.hits += 1
+            self.tenants(full_key[0]).hits += 1
             future.set_result(entry.hit)
             return
         chain = request.chain
@@ -177,12 +180,14 @@ class ActorLoop:
                     return
             flight.add_waiter(future, self._park(request, source))
             self.counters.coalesced += 1
+            self.tenants(full_key[0]).coalesced += 1
             return
         if len(self.flights) >= self.config.max_flights:
             self.counters.overloaded += 1
             future.set_exception(CacheOverloaded(f"{self.config.max_flights} flights in progress"))
             return
         self.counters.misses += 1
+        self.tenants(full_key[0]).misses += 1
         self._start_flight(request, source)
 
     def _innermost_live(self, chain: tuple[Flight, ...]) -> Flight | None:
@@ -265,6 +270,7 @@ class ActorLoop:
         error = done.error
         if error is not None:
             self.counters.load_failures += 1
+            self.tenants(full_key[0]).load_failures += 1
             if isinstance(error, asyncio.CancelledError):
                 # a waiter that was not cancelled never receives CancelledError
                 error = CacheError(f"computation of {full_key[1]!r} was cancelled")
@@ -275,6 +281,7 @@ class ActorLoop:
         self.counters.load_seconds += done.load_seconds
         if done.tier is not None:
             self.counters.tier_hits += 1
+            self.tenants(full_key[0]).tier_hits += 1
         if flight.admit:
             hit = Lookup(done.value, Outcome.HIT, "memory", done.nbytes)
             self.store.admit(full_key, hit, done.nbytes, done.tier)

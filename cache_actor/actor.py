@@ -40,6 +40,7 @@ from .flights import COMPUTING
 from .lookup import Lookup, LookupEvent, LookupHook
 from .stats import CacheStats, EntryInfo
 from .store import FullKey
+from .tenants import TenantStats
 from .tiers import SecondTier, TierUse
 
 # a lookup that reads and writes the second tier, in no particular stage
@@ -211,6 +212,33 @@ class CacheActor:
             tier=None if core.tier is None else core.tier.name,
             alive=self.alive,
         )
+
+    def tenant_stats(self, tenant: str | None = None) -> tuple[TenantStats, ...]:
+        """Each tenant's counts and holdings (``tenant``: that one only, zeros if it has none).
+
+        Read between two messages of the actor, like ``stats()``; reading does not count as use.
+        """
+        core = self._core
+        names = core.tenants.tenants() if tenant is None else (tenant,)
+        budget = core.store.tenant_budget
+        snapshots = []
+        for name in names:
+            counts = core.tenants.peek(name)
+            entries, nbytes = core.store.held_by(name)
+            snapshots.append(
+                TenantStats(
+                    name,
+                    hits=counts.hits,
+                    tier_hits=counts.tier_hits,
+                    misses=counts.misses,
+                    coalesced=counts.coalesced,
+                    load_failures=counts.load_failures,
+                    entries=entries,
+                    bytes=nbytes,
+                    budget_bytes=budget,
+                )
+            )
+        return tuple(snapshots)
 
     async def invalidate(
         self,

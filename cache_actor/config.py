@@ -58,6 +58,8 @@ class CacheConfig:
     # ``tier_writers`` tasks: a slow tier never holds more than this in memory.
     tier_write_queue: int = 256
     tier_writers: int = 2
+    # Tenants whose counts are kept (TenantLedger); beyond it the longest idle are forgotten.
+    max_tenants: int = 1024
     watchdog_interval: float = 1.0
     # A flight older than this is logged with its task's stack.
     stall_threshold: float = 10.0

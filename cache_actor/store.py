@@ -53,6 +53,7 @@ class Store:
             {} if tenant_budget < max_bytes else None
         )
         self._tenant_bytes: dict[str, int] = {}
+        self._tenant_entries: dict[str, int] = {}
         # Admission order is expiry order (one TTL for all, values never refreshed); entries that
         # left earlier are skipped by the identity check in ``expire``.
         self._expiry: deque[tuple[float, FullKey, Entry]] = deque()
@@ -63,6 +64,14 @@ class Store:
 
     def bytes_by_tenant(self) -> tuple[tuple[str, int], ...]:
         return tuple(sorted(self._tenant_bytes.items()))
+
+    def held_by(self, tenant: str) -> tuple[int, int]:
+        """(entries, bytes) the tenant holds."""
+        return self._tenant_entries.get(tenant, 0), self._tenant_bytes.get(tenant, 0)
+
+    @property
+    def tenant_budget(self) -> int:
+        return self._tenant_budget
 
     def get(self, full_key: FullKey) -> Entry | None:
         """The live entry for a key, marked as most recently used."""
@@ -106,6 +115,7 @@ class Store:
         if self._tenant_lru is not None:
             self._tenant_lru.setdefault(tenant, OrderedDict())[full_key] = None
         self._tenant_bytes[tenant] = self._tenant_bytes.get(tenant, 0) + nbytes
+        self._tenant_entries[tenant] = self._tenant_entries.get(tenant, 0) + 1
         self.bytes += nbytes
         if expires_at is not None:
             self._expiry.append((expires_at, full_key, entry))
@@ -147,4 +157,9 @@ class Store:
             self._tenant_bytes[tenant] = remaining
         else:
             self._tenant_bytes.pop(tenant, None)
+        entries = self._tenant_entries[tenant] - 1
+        if entries:
+            self._tenant_entries[tenant] = entries
+        else:
+            del self._tenant_entries[tenant]
         self.bytes -= entry.nbytes

@@ -85,8 +85,15 @@ class CacheSettings(BaseModel):
     """A value larger than this share of a tenant's budget is served but not stored (one request
     must not flush everyone's images): 25.6 MiB of the default 512 MiB."""
 
-    def actor_config(self, redis: RedisSettings | None = None) -> CacheConfig:
-        """The actor's settings; with ``redis``, its second tier's bounds too."""
+    def actor_config(
+        self,
+        redis: RedisSettings | None = None,
+        *,
+        tenant_bytes: int | None = None,
+        max_tenants: int = 1024,
+    ) -> CacheConfig:
+        """The actor's settings; with ``redis``, its second tier's bounds too. ``tenant_bytes``:
+        one tenant's budget where it is not set here (a fair share: api/quotas.py)."""
         tier: dict[str, Any] = {}
         if redis is not None:
             tier = {
@@ -98,7 +105,8 @@ class CacheSettings(BaseModel):
         return CacheConfig(
             **tier,
             max_bytes=self.max_bytes,
-            max_bytes_per_tenant=self.max_bytes_per_tenant,
+            max_bytes_per_tenant=self.max_bytes_per_tenant or tenant_bytes,
+            max_tenants=max_tenants,
             ttl_seconds=self.ttl_seconds,
             mailbox_size=self.mailbox_size,
             compute_deadline=self.compute_deadline,
@@ -229,6 +237,90 @@ class RedisSettings(BaseModel):
     """How long an open breaker stops asking Redis."""
 
 
+class Grant(BaseModel):
+    """What one credential is: the tenant it acts as, and its role."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid", frozen=True)
+
+    tenant: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    """The tenant whose cache entries the caller sees (letters, digits, - and _)."""
+    role: Literal["tenant", "admin"] = "tenant"
+    """admin: sees every tenant's stats and may inspect or invalidate any tenant's entries."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        # "a-tenant" for {"tenant": "a-tenant"}: the common case of a plain mapping
+        return {"tenant": value} if isinstance(value, str) else value
+
+
+class AuthSettings(BaseModel):
+    """Who a caller is (see docs/security.md): the tenant every cache entry of theirs belongs to."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    mode: Literal["none", "token", "mtls", "mesh"] = "none"
+    """none: the x-mmgate-tenant header is a label, not a boundary (loopback development);
+    token: bearer tokens; mtls: client certificates; mesh: the sidecar's x-forwarded-client-cert."""
+    tokens_file: Path | None = None
+    """token mode: a JSON object of token SHA-256 hex digests to grants, {"<sha256>": "tenant"}
+    or {"<sha256>": {"tenant": "ops", "role": "admin"}}; reloaded on change and on SIGHUP."""
+    tokens: dict[str, Grant] = Field(default_factory=dict)
+    """token mode: grants by token SHA-256 hex digest, as in tokens_file, from the environment."""
+    reload_seconds: float = Field(2.0, gt=0)
+    """How often the tokens file is checked for a change (a Kubernetes Secret update sends no
+    signal)."""
+    tls_cert_file: Path | None = None
+    """The server's certificate chain (PEM): serve TLS (required in mtls mode)."""
+    tls_key_file: Path | None = None
+    """The server's private key (PEM)."""
+    client_ca_file: Path | None = None
+    """mtls mode: the CA bundle client certificates must chain to."""
+    identities: dict[str, Grant] = Field(default_factory=dict)
+    """mtls and mesh modes: grants by identity: a client certificate's URI SAN, DNS SAN or CN
+    (mtls), the caller's SPIFFE URI from x-forwarded-client-cert (mesh)."""
+    protect_health: bool = False
+    """Ask health checks for credentials too (kubelet's gRPC probes send none)."""
+    protect_reflection: bool = False
+    """Ask reflection for credentials too."""
+
+    @model_validator(mode="after")
+    def _complete(self) -> AuthSettings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        if self.mode == "mtls" and (self.tls_cert_file is None or self.client_ca_file is None):
+            raise ValueError("mtls mode needs tls_cert_file, tls_key_file and client_ca_file")
+        if self.mode == "token" and self.tokens_file is None and not self.tokens:
+            raise ValueError("token mode needs tokens_file or tokens")
+        if self.mode in ("mtls", "mesh") and not self.identities:
+            raise ValueError(f"{self.mode} mode needs identities (who is which tenant)")
+        return self
+
+    def tenants(self) -> frozenset[str]:
+        """The tenants the configuration names (a tokens file may name more once loaded)."""
+        grants = [*self.tokens.values(), *self.identities.values()]
+        return frozenset(g.tenant for g in grants if g.role == "tenant")
+
+
+class TenantSettings(BaseModel):
+    """What tenants share and how much each may use (see docs/security.md)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    share_media: bool = False
+    """Decoded images and encoder outputs shared by every tenant (one organisation's replicas):
+    a tenant then learns from a hit that another sent that image."""
+    share_prefix: bool = False
+    """The engine's prefix cache shared by every tenant (a common system prompt): a tenant then
+    learns from cached_prompt_tokens that another sent that prefix."""
+    max_concurrent_requests: int | None = Field(None, gt=0)
+    """One tenant's requests in progress; unset: with more than one tenant configured, an equal
+    share of max_concurrent_requests, else all of it."""
+    max_labels: int = Field(1024, gt=0)
+    """Tenants whose counters are kept; beyond it the longest idle are forgotten (in mode none
+    any caller can name a new tenant)."""
+
+
 class Faults(BaseModel):
     """Shares of one kind of operation that fail, stall or slow down (together at most 1)."""
 
@@ -329,6 +421,8 @@ class Settings(BaseSettings):
     threads: ThreadSettings = Field(default_factory=ThreadSettings)
     chaos: ChaosSettings = Field(default_factory=ChaosSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    tenants: TenantSettings = Field(default_factory=TenantSettings)
     max_message_bytes: int = Field(32 * MiB, gt=0)
     """Largest request; up to twice this gets INVALID_ARGUMENT, beyond that gRPC refuses it."""
     max_prompt_chars: int = Field(200_000, gt=0)

@@ -6,7 +6,11 @@
      ├── ImageNotHeld          a digest this server does not hold (any more): resend the bytes
      ├── ModelTakesNoImages    images sent to a text-only model
      ├── EngineUnavailable     the engine is not started, has failed, or is shutting down
- └── InjectedFault         a failure injected on purpose (MMGATE_CHAOS__*, reliability runs)
+ ├── InjectedFault         a failure injected on purpose (MMGATE_CHAOS__*, reliability runs)
+     ├── Unauthenticated       no credential, or one mmgate does not know
+     ├── NotPermitted          a known caller asking for what its role may not do
+     ├── EntryNotFound         another tenant's entry: answered as if there were none
+     └── TenantOverloaded      the tenant's own share of concurrent requests is in use
 
 The cache actor's own errors (cache_actor.errors) stay its own; services/api/status.py maps both
 trees, and anything else, to one status each.
@@ -70,13 +74,47 @@ class InjectedFault(MmgateError, RuntimeError):
         self.point = point
 
 
+class Unauthenticated(MmgateError):
+    """No credential, or one mmgate does not know; ``reason`` is the ErrorInfo reason."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class NotPermitted(MmgateError):
+    """An authenticated caller asking for what it may not do."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class EntryNotFound(MmgateError, LookupError):
+    """Another tenant's entry, asked for by a caller who may not see it: the same answer whether
+    that tenant holds it or not, so the answer leaks nothing."""
+
+
+class TenantOverloaded(MmgateError):
+    """The tenant's own share of concurrent requests is in use."""
+
+    def __init__(self, tenant: str, active: int) -> None:
+        super().__init__(f"tenant {tenant} has {active} requests in progress; try again later")
+        self.tenant = tenant
+        self.active = active
+
+
 __all__ = [
     "EngineUnavailable",
+    "EntryNotFound",
     "ImageNotHeld",
     "ImageRejected",
     "InjectedFault",
     "InvalidRequest",
     "MmgateError",
     "ModelTakesNoImages",
+    "NotPermitted",
+    "TenantOverloaded",
+    "Unauthenticated",
     "Violation",
 ]

@@ -98,7 +98,8 @@ class RenderedPrompt:
 @final
 @dataclass(frozen=True, slots=True)
 class EngineImages:
-    """A request's images as the engine takes them, with their digests as vLLM's uuids."""
+    """A request's images as the engine takes them, with their identities for vLLM's caches
+    (each image's digest, salted per tenant: pipeline/tenancy.py)."""
 
     form: MediaForm
     items: tuple[Any, ...]
@@ -121,6 +122,8 @@ class EngineRequest:
     # W3C trace context for vLLM's own spans (traceparent, tracestate)
     trace_headers: Mapping[str, str] | None = None
     label: str = ""
+    # the tenant's salt of the engine's prefix cache (pipeline/tenancy.py); None: shared
+    cache_salt: str | None = None
 
 
 @final

@@ -11,8 +11,11 @@ import hashlib
 import re
 from typing import Final
 
-# Metadata a caller sends: the tenant its cache entries belong to (a label, not a credential).
+# Metadata a caller sends: the tenant its cache entries belong to. Where mmgate authenticates
+# callers it must name the authenticated tenant (or be absent); without auth it is only a label.
 TENANT_HEADER: Final = "x-mmgate-tenant"
+# a bearer token (auth mode "token"): "authorization: Bearer <token>"
+AUTHORIZATION_HEADER: Final = "authorization"
 # where a request's caches live: the first image's digest, else the system prompt's; a proxy that
 # hashes on it sends repeats to the replica that holds them
 AFFINITY_HEADER: Final = "x-mmgate-affinity"
@@ -29,6 +32,13 @@ ENGINE_UNAVAILABLE: Final = "ENGINE_UNAVAILABLE"
 CACHE_UNAVAILABLE: Final = "CACHE_UNAVAILABLE"
 MODEL_TAKES_NO_IMAGES: Final = "MODEL_TAKES_NO_IMAGES"
 INJECTED_FAULT: Final = "INJECTED_FAULT"  # a chaos run's fault (never with chaos off)
+# authentication and tenants (docs/security.md)
+CREDENTIALS_MISSING: Final = "CREDENTIALS_MISSING"
+CREDENTIALS_INVALID: Final = "CREDENTIALS_INVALID"
+TENANT_MISMATCH: Final = "TENANT_MISMATCH"  # x-mmgate-tenant names another tenant
+ADMIN_ONLY: Final = "ADMIN_ONLY"
+ENTRY_NOT_FOUND: Final = "ENTRY_NOT_FOUND"  # another tenant's entry: as if there were none
+TENANT_OVERLOADED: Final = "TENANT_OVERLOADED"  # the tenant's own share of requests is in use
 
 # In a prompt or a chat message, where the request's next image goes.
 IMAGE_PLACEHOLDER: Final = "<image>"
@@ -50,12 +60,17 @@ def is_digest(text: str) -> bool:
 
 
 __all__ = [
+    "ADMIN_ONLY",
     "AFFINITY_HEADER",
+    "AUTHORIZATION_HEADER",
     "CACHE_UNAVAILABLE",
+    "CREDENTIALS_INVALID",
+    "CREDENTIALS_MISSING",
     "DEFAULT_TENANT",
     "DIGEST_PREFIX",
     "DRAINING",
     "ENGINE_UNAVAILABLE",
+    "ENTRY_NOT_FOUND",
     "ERROR_DOMAIN",
     "IMAGE_NOT_FOUND",
     "IMAGE_PLACEHOLDER",
@@ -64,6 +79,8 @@ __all__ = [
     "MODEL_TAKES_NO_IMAGES",
     "OVERLOADED",
     "TENANT_HEADER",
+    "TENANT_MISMATCH",
+    "TENANT_OVERLOADED",
     "TRACE_HEADERS",
     "digest_of",
     "is_digest",

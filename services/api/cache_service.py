@@ -1,5 +1,11 @@
 """The Cache service: what the cache actor and the engine's prefix cache hold, for operators;
-and Prefetch, which warms the cache with an image that later requests refer to by digest."""
+and Prefetch, which warms the cache with an image that later requests refer to by digest.
+
+Every answer is about the caller's own tenant. An admin may name another tenant's entries
+(``tenant`` in the request) and ask for every tenant's figures; anyone else naming another tenant
+is told NOT_FOUND, the same whether that tenant holds the entry or not, and an admin-only call is
+PERMISSION_DENIED. Figures of all tenants together (actor, engine, media) are an admin's only.
+"""
 
 from __future__ import annotations
 
@@ -9,18 +15,19 @@ from typing import Any, final
 
 import grpc
 
-from cache_actor import CacheActor, EntryInfo
+from cache_actor import CacheActor, EntryInfo, TenantStats
 
 from ..config import Settings
-from ..errors import InvalidRequest, Violation
+from ..errors import EntryNotFound, InvalidRequest, NotPermitted, Violation
 from ..keys import is_hex_key
 from ..pipeline.generation import Pipeline
 from ..proto.mmgate.v1 import cache_pb2 as pb
 from ..proto.mmgate.v1 import cache_pb2_grpc
 from ..proto.mmgate.v1 import inference_pb2 as inference_pb
 from ..types import EngineHealth, EngineStats
-from ..wire import is_digest
-from .metadata import tenant_of
+from ..wire import ADMIN_ONLY, is_digest
+from .auth import Caller, checked_label, current_caller
+from .quotas import TenantQuotas
 from .status import abort, from_exception
 from .validation import image_input, image_violations
 
@@ -40,6 +47,16 @@ def _target(key: str, digest: str) -> tuple[str, str]:
     if digest and not is_digest(digest):
         raise InvalidRequest([Violation("digest", "'sha256:' and 64 lowercase hex digits")])
     return (_checked_key(key) if key else ""), digest
+
+
+def _entries_of(caller: Caller, named: str) -> str:
+    """The tenant whose entries a call is about: the caller's own, or (an admin's) the named."""
+    if not named or named == caller.tenant:
+        return caller.tenant
+    if caller.admin:
+        return checked_label(named)
+    # the same answer whether the other tenant holds the entry or not: nothing leaks
+    raise EntryNotFound("no such entry")
 
 
 def _entry_fields(info: EntryInfo) -> dict[str, Any]:
@@ -63,8 +80,12 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         pipeline: Pipeline,
         engine_stats: Callable[[], EngineStats],
         engine_health: Callable[[], EngineHealth],
+        quotas: TenantQuotas,
+        active_by_tenant: Callable[[], dict[str, int]],
     ) -> None:
         self.settings = settings
+        self.quotas = quotas
+        self.active_by_tenant = active_by_tenant
         self.cache = cache
         self.pipeline = pipeline
         self.engine_stats = engine_stats
@@ -73,23 +94,46 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
     async def GetStats(
         self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetStatsResponse:
-        stats = self.cache.stats()
-        values = dataclasses.asdict(stats)
-        actor = pb.ActorStats(
-            **{name: values[name] for name in _ACTOR_FIELDS}, hit_ratio=stats.hit_ratio
-        )
-        e = self.engine_stats()
-        engine = pb.EngineCacheStats(
-            **dataclasses.asdict(e), prefix_cache_hit_ratio=e.prefix_cache_hit_ratio
-        )
+        caller = current_caller()
+        if request.all_tenants and not caller.admin:
+            await abort(
+                context, from_exception(NotPermitted("all_tenants is an admin's", ADMIN_ONLY))
+            )
         media = self.pipeline.media
-        return pb.GetStatsResponse(
-            actor=actor,
-            engine=engine,
+        response = pb.GetStatsResponse(
             model=self.pipeline.engine.model_name,
             media_mode=media.mode,
-            media=pb.MediaStats(**dataclasses.asdict(media.stats)),
             engine_health=pb.EngineHealth(**dataclasses.asdict(self.engine_health())),
+            tenant=caller.tenant,
+            tenants=[
+                self._tenant_stats(t)
+                for t in self.cache.tenant_stats(None if request.all_tenants else caller.tenant)
+            ],
+        )
+        if caller.admin:
+            stats = self.cache.stats()
+            values = dataclasses.asdict(stats)
+            response.actor.CopyFrom(
+                pb.ActorStats(
+                    **{name: values[name] for name in _ACTOR_FIELDS}, hit_ratio=stats.hit_ratio
+                )
+            )
+            e = self.engine_stats()
+            response.engine.CopyFrom(
+                pb.EngineCacheStats(
+                    **dataclasses.asdict(e), prefix_cache_hit_ratio=e.prefix_cache_hit_ratio
+                )
+            )
+            response.media.CopyFrom(pb.MediaStats(**dataclasses.asdict(media.stats)))
+        return response
+
+    def _tenant_stats(self, stats: TenantStats) -> pb.TenantStats:
+        fields = dataclasses.asdict(stats)
+        return pb.TenantStats(
+            **fields,
+            hit_ratio=stats.hit_ratio,
+            active_requests=self.active_by_tenant().get(stats.tenant, 0),
+            max_concurrent_requests=self.quotas.concurrent_requests(),
         )
 
     async def Prefetch(
@@ -102,7 +146,7 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
                 raise InvalidRequest(violations)
             remaining = context.time_remaining()
             timeout = self.settings.default_deadline_seconds if remaining is None else remaining
-            tenant = tenant_of(context)  # its violation names the header, not `data`
+            tenant = self.pipeline.isolation.media_tenant(current_caller().tenant)
             try:
                 report = await self.pipeline.media.prefetch(image_input(0, image), tenant, timeout)
             except InvalidRequest as invalid:
@@ -121,13 +165,16 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
     ) -> pb.InspectResponse:
         try:
             key, digest = _target(request.key, request.digest)
-            tenant = tenant_of(context)
+            tenant = _entries_of(current_caller(), request.tenant)
+            media_tenant = self.pipeline.isolation.media_tenant(tenant)
             if key:
                 info = await self.cache.inspect(key, tenant=tenant)
+                if info.state == "absent" and media_tenant != tenant:
+                    info = await self.cache.inspect(key, tenant=media_tenant)
                 return pb.InspectResponse(**_entry_fields(info))
             stages = [
                 pb.StageEntry(
-                    stage=stage, **_entry_fields(await self.cache.inspect(k, tenant=tenant))
+                    stage=stage, **_entry_fields(await self.cache.inspect(k, tenant=media_tenant))
                 )
                 for stage, k in self.pipeline.media.stage_keys(digest).items()
             ]
@@ -146,11 +193,19 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
     ) -> pb.InvalidateResponse:
         try:
             key, digest = _target(request.key, request.digest)
-            tenant = tenant_of(context)
-            # (stage, key): an image's keys by stage; a raw key may be in any stage
-            keys = [(None, key)] if key else list(self.pipeline.media.stage_keys(digest).items())
+            tenant = _entries_of(current_caller(), request.tenant)
+            media_tenant = self.pipeline.isolation.media_tenant(tenant)
+            # (tenant, stage, key): an image's keys by stage; a raw key may be in any stage
+            keys = (
+                [(tenant, None, key)]
+                + ([(media_tenant, None, key)] if media_tenant != tenant else [])
+                if key
+                else [
+                    (media_tenant, s, k) for s, k in self.pipeline.media.stage_keys(digest).items()
+                ]
+            )
             removed = [
-                await self.cache.invalidate(k, tenant=tenant, stage=stage) for stage, k in keys
+                await self.cache.invalidate(k, tenant=t, stage=stage) for t, stage, k in keys
             ]
         except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
             await abort(context, from_exception(exc))

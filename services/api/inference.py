@@ -1,6 +1,7 @@
 """The Inference service: proto in, the pipeline, proto out; and the call's lifecycle.
 
-    GenerateRequest ─▶ draining? over capacity? ─▶ deadline (the call's, or the default)
+    GenerateRequest ─▶ draining? over capacity (the server's, the tenant's share)?
+        ─▶ deadline (the call's, or the default)
         ─▶ pipeline.check_ready ─▶ validate ─▶ Request(checked, tenant, deadline, trace headers)
         ─▶ Pipeline.generate ─▶ EngineDelta ... Finished
         ─▶ TokenDelta ... TokenDelta, GenerateFinal (usage, cache report)
@@ -21,12 +22,15 @@ from typing import final
 import grpc
 
 from ..config import Settings
+from ..errors import TenantOverloaded
 from ..pipeline.generation import Pipeline
 from ..pipeline.request import Request, loop_deadline
 from ..proto.mmgate.v1 import inference_pb2 as pb
 from ..proto.mmgate.v1 import inference_pb2_grpc
 from ..types import EngineDelta, Finished, ImageReport, LookupReport
-from .metadata import tenant_of, trace_headers
+from .auth import current_caller
+from .metadata import trace_headers
+from .quotas import TenantQuotas
 from .status import ServiceError, abort, draining, from_exception, overloaded
 from .validation import validate
 
@@ -39,10 +43,13 @@ _FINISH = {
 
 @final
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
-    def __init__(self, settings: Settings, pipeline: Pipeline) -> None:
+    def __init__(self, settings: Settings, pipeline: Pipeline, quotas: TenantQuotas) -> None:
         self.settings = settings
         self.pipeline = pipeline
+        self.quotas = quotas
         self.active = 0
+        # requests in progress by tenant; a tenant leaves the map when its last one ends
+        self.active_by_tenant: dict[str, int] = {}
         self.draining = False
         self._idle = asyncio.Event()
 
@@ -97,7 +104,12 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             await abort(context, draining())
         if self.active >= self.settings.max_concurrent_requests:
             await abort(context, overloaded(self.active))
+        tenant = current_caller().tenant
+        held = self.active_by_tenant.get(tenant, 0)
+        if held >= self.quotas.concurrent_requests():
+            await abort(context, from_exception(TenantOverloaded(tenant, held)))
         self.active += 1
+        self.active_by_tenant[tenant] = held + 1
         remaining = context.time_remaining()
         deadline = time.monotonic() + (
             self.settings.default_deadline_seconds if remaining is None else remaining
@@ -105,7 +117,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         error: ServiceError | None = None
         try:
             async with asyncio.timeout_at(loop_deadline(deadline)):
-                request = self._request(message, context, deadline)
+                request = self._request(message, context, tenant, deadline)
                 async with contextlib.aclosing(self.pipeline.generate(request)) as events:
                     async for event in events:
                         yield _message(event)
@@ -113,13 +125,22 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             error = from_exception(exc)
         finally:
             self.active -= 1
+            left = self.active_by_tenant[tenant] - 1
+            if left:
+                self.active_by_tenant[tenant] = left
+            else:
+                del self.active_by_tenant[tenant]
             if self.active == 0:
                 self._idle.set()
         if error is not None:
             await abort(context, error)
 
     def _request(
-        self, message: pb.GenerateRequest, context: grpc.aio.ServicerContext, deadline: float
+        self,
+        message: pb.GenerateRequest,
+        context: grpc.aio.ServicerContext,
+        tenant: str,
+        deadline: float,
     ) -> Request:
         pipeline = self.pipeline
         pipeline.check_ready(with_images=bool(message.images))  # before any image work
@@ -129,7 +150,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             max_model_len=pipeline.engine.max_model_len,
             takes_images=pipeline.media.takes_images,
         )
-        return Request(checked, tenant_of(context), deadline, trace_headers(context))
+        return pipeline.request(checked, tenant, deadline, trace_headers(context))
 
 
 def _message(event: EngineDelta | Finished) -> pb.GenerateResponse:

@@ -34,7 +34,7 @@ from grpc_reflection.v1alpha import reflection
 
 from cache_actor import CacheActor
 
-from ..config import RedisSettings, Settings
+from ..config import AuthSettings, RedisSettings, Settings
 from ..engine.encoder import VisionEncoder
 from ..engine.shrink import ProcessorShrink
 from ..engine.values import VERSION as VALUE_FORMAT
@@ -50,17 +50,37 @@ from ..pipeline.media import media_stage
 from ..pipeline.tier_values import codecs
 from ..proto.mmgate.v1 import cache_pb2, cache_pb2_grpc, inference_pb2, inference_pb2_grpc
 from ..storage.redis_tier import RedisTier, redis_client
+from .auth import AuthGate, CertificateFiles, authenticator
 from .cache_service import CacheServicer
 from .health import HealthMonitor
 from .inference import InferenceServicer
 from .interceptors.metrics import metrics_interceptors
 from .interceptors.parsing import ParsingInterceptor
 from .interceptors.tracing import tracing_interceptors
+from .quotas import TenantQuotas
 
 log = logging.getLogger("mmgate.server")
 
 INFERENCE = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
 CACHE = cache_pb2.DESCRIPTOR.services_by_name["Cache"].full_name
+HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+
+
+def open_services(settings: AuthSettings) -> frozenset[str]:
+    """The services callers reach without credentials (the probes', unless protected)."""
+    services = set()
+    if not settings.protect_health:
+        services.add(HEALTH)
+    if not settings.protect_reflection:
+        services.update({reflection.SERVICE_NAME, "grpc.reflection.v1.ServerReflection"})
+    return frozenset(services)
+
+
+def certificate_files(settings: AuthSettings) -> CertificateFiles | None:
+    if settings.tls_cert_file is None or settings.tls_key_file is None:
+        return None
+    ca = settings.client_ca_file if settings.mode == "mtls" else None
+    return CertificateFiles(settings.tls_cert_file, settings.tls_key_file, ca)
 
 
 def redis_tier(settings: RedisSettings) -> RedisTier | None:
@@ -101,6 +121,10 @@ class MmgateServer:
         self, settings: Settings, *, model: str | None = None, tracing: Tracing | None = None
     ) -> None:
         self.settings = settings
+        # who calls: a bad tokens file or certificate refuses to start, before anything else
+        self.auth = AuthGate(authenticator(settings.auth), open_services(settings.auth))
+        self.quotas = TenantQuotas(settings, self.auth.authenticator.tenants)
+        self.tls = certificate_files(settings.auth)
         # tracing: one of the caller's (tests hand in their own span processors)
         self.tracing = tracing if tracing is not None else Tracing(settings)
         self.metrics = Metrics(settings)
@@ -108,7 +132,11 @@ class MmgateServer:
         # the second tier shared by replicas; its namespace is set once the model is known
         self.tier = redis_tier(settings.redis)
         self.cache = CacheActor(
-            settings.cache.actor_config(settings.redis if self.tier is not None else None),
+            settings.cache.actor_config(
+                settings.redis if self.tier is not None else None,
+                tenant_bytes=self.quotas.cache_bytes(),
+                max_tenants=settings.tenants.max_labels,
+            ),
             hook=Observers(hooks) if hooks else None,
             tier=self.tier,
         )
@@ -118,20 +146,24 @@ class MmgateServer:
             settings.health, self.health, self.cache, self.engine, (INFERENCE, CACHE)
         )
         self.pipeline = Pipeline(settings, self.engine, self.cache)
-        self.inference = InferenceServicer(settings, self.pipeline)
+        self.inference = InferenceServicer(settings, self.pipeline, self.quotas)
         self.cache_service = CacheServicer(
             settings,
             self.cache,
             self.pipeline,
             engine_stats=self.engine.stats,
             engine_health=self.monitor.engine_health,
+            quotas=self.quotas,
+            active_by_tenant=lambda: self.inference.active_by_tenant,
         )
         self.server = grpc.aio.server(
             # tracing outermost: its server span covers the metrics interceptor's work too;
-            # parsing innermost: both see the status of a request that is not a message
+            # then the auth gate, whose refusals both see; parsing innermost: a request that is
+            # not a message is answered after the caller is known
             interceptors=[
                 *tracing_interceptors(self.tracing),
                 *metrics_interceptors(self.metrics),
+                self.auth,
                 ParsingInterceptor(),
             ],
             options=[
@@ -149,12 +181,19 @@ class MmgateServer:
             (
                 INFERENCE,
                 CACHE,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                HEALTH,
                 reflection.SERVICE_NAME,
             ),
             self.server,
         )
-        self.port = self.server.add_insecure_port(f"{settings.host}:{settings.port}")
+        address = f"{settings.host}:{settings.port}"
+        if self.tls is None:
+            self.port = self.server.add_insecure_port(address)
+        else:
+            # mtls: a client without a certificate of the client CA fails the handshake, so an
+            # unauthenticated caller never reaches a handler (it sees UNAVAILABLE)
+            credentials = self.tls.credentials(require_client_cert=settings.auth.mode == "mtls")
+            self.port = self.server.add_secure_port(address, credentials)
         self._stopping = False
         self._stopped = asyncio.Event()
 
@@ -163,9 +202,16 @@ class MmgateServer:
         self.cache.start()
         await self.monitor.starting()
         await self.server.start()
+        self.auth.start(self.settings.auth.reload_seconds)
         if self.metrics.enabled:
             self.metrics.start(self.snapshot, self.monitor.heartbeat)
-        log.info("listening on %s:%d; starting the engine", self.settings.host, self.port)
+        log.info(
+            "listening on %s:%d (%s, auth %s); starting the engine",
+            self.settings.host,
+            self.port,
+            "plaintext" if self.tls is None else "TLS",
+            self.settings.auth.mode,
+        )
         if not self.engine.model_path:
             # the first start converts the embedded default model (~20 s): off the loop
             self.engine.use_model(await asyncio.to_thread(resolve_model, self.settings))
@@ -276,6 +322,7 @@ class MmgateServer:
         grace = self.settings.shutdown_grace_seconds if grace is None else grace
         log.info("shutting down: %g s for calls in flight", grace)
         await self.monitor.stop()
+        await self.auth.stop()
         if not await self.inference.drain(grace):
             log.warning("grace period over with %d requests in flight", self.inference.active)
         # whatever is left (a stream past the grace period, a health Watch) is cancelled now
@@ -307,6 +354,8 @@ async def serve(settings: Settings) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+    # SIGHUP: read the tokens file again (it is also polled for changes)
+    loop.add_signal_handler(signal.SIGHUP, server.auth.reload)
     try:
         await server.start()
         await server.wait_stopped()

@@ -7,17 +7,22 @@ ComputeTimeout, deadline       DEADLINE_EXCEEDED
 CacheActorDead, engine down    UNAVAILABLE        + ErrorInfo(reason=...)
 InjectedFault (chaos runs)     UNAVAILABLE        + ErrorInfo(reason=INJECTED_FAULT)
 ModelTakesNoImages             FAILED_PRECONDITION + ErrorInfo(reason=MODEL_TAKES_NO_IMAGES)
+Unauthenticated                UNAUTHENTICATED    + ErrorInfo(reason=CREDENTIALS_MISSING|_INVALID)
+NotPermitted                   PERMISSION_DENIED  + ErrorInfo(reason=TENANT_MISMATCH|ADMIN_ONLY)
+EntryNotFound                  NOT_FOUND          + ErrorInfo(reason=ENTRY_NOT_FOUND)
+TenantOverloaded               RESOURCE_EXHAUSTED + ErrorInfo(reason=TENANT_OVERLOADED) + RetryInfo
 CacheRecursionError            INTERNAL           (the cycle goes to the log, not the client)
 anything else                  INTERNAL           (the log has it; the client gets no class name)
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 from typing import NoReturn
 
 import grpc
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -30,22 +35,31 @@ from cache_actor import (
 
 from ..errors import (
     EngineUnavailable,
+    EntryNotFound,
     ImageNotHeld,
     InjectedFault,
     InvalidRequest,
     ModelTakesNoImages,
+    NotPermitted,
+    TenantOverloaded,
+    Unauthenticated,
     Violation,
 )
 from ..wire import (
     CACHE_UNAVAILABLE,
     DRAINING,
     ENGINE_UNAVAILABLE,
+    ENTRY_NOT_FOUND,
     ERROR_DOMAIN,
     IMAGE_NOT_FOUND,
     INJECTED_FAULT,
     MODEL_TAKES_NO_IMAGES,
     OVERLOADED,
+    TENANT_OVERLOADED,
 )
+
+# What a refused-for-load caller is told to wait before trying again (google.rpc.RetryInfo).
+RETRY_AFTER_SECONDS = 1.0
 
 log = logging.getLogger("mmgate.errors")
 
@@ -61,8 +75,10 @@ class ServiceError(Exception):
         reason: str | None = None,
         violations: list[Violation] | None = None,
         metadata: dict[str, str] | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
+        self.retry_after = retry_after
         self.code = code
         self.message = message
         self.reason = reason
@@ -91,6 +107,12 @@ class ServiceError(Exception):
                 )
             )
             details.append(packed)
+        if self.retry_after is not None:
+            packed = any_pb2.Any()
+            delay = duration_pb2.Duration()
+            delay.FromTimedelta(datetime.timedelta(seconds=self.retry_after))
+            packed.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+            details.append(packed)
         code_number: int = self.code.value[0]
         return rpc_status.to_status(
             status_pb2.Status(code=code_number, message=self.message, details=details)
@@ -106,6 +128,7 @@ def overloaded(active: int) -> ServiceError:
         grpc.StatusCode.RESOURCE_EXHAUSTED,
         f"{active} requests in progress; try again later",
         reason=OVERLOADED,
+        retry_after=RETRY_AFTER_SECONDS,
     )
 
 
@@ -123,6 +146,19 @@ def from_exception(exc: BaseException) -> ServiceError:
     if isinstance(exc, ModelTakesNoImages):
         return ServiceError(
             grpc.StatusCode.FAILED_PRECONDITION, str(exc), reason=MODEL_TAKES_NO_IMAGES
+        )
+    if isinstance(exc, Unauthenticated):
+        return ServiceError(grpc.StatusCode.UNAUTHENTICATED, str(exc), reason=exc.reason)
+    if isinstance(exc, NotPermitted):
+        return ServiceError(grpc.StatusCode.PERMISSION_DENIED, str(exc), reason=exc.reason)
+    if isinstance(exc, EntryNotFound):
+        return ServiceError(grpc.StatusCode.NOT_FOUND, str(exc), reason=ENTRY_NOT_FOUND)
+    if isinstance(exc, TenantOverloaded):
+        return ServiceError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            str(exc),
+            reason=TENANT_OVERLOADED,
+            retry_after=RETRY_AFTER_SECONDS,
         )
     if isinstance(exc, ImageNotHeld):
         return ServiceError(

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
+
+from ..client import Credentials
 
 
 def count(text: str) -> int:
@@ -34,3 +37,25 @@ def size(text: str) -> tuple[int, int]:
 
 
 __all__ = ["count", "positive", "share", "size"]
+
+
+def add_credentials(parser: argparse.ArgumentParser) -> None:
+    """--token, --tls-ca, --tls-cert, --tls-key: how the command proves who it is."""
+    group = parser.add_argument_group("credentials (docs/security.md)")
+    group.add_argument(
+        "--token", help="bearer token (auth mode token); default: $MMGATE_TOKEN, kept off argv"
+    )
+    group.add_argument("--tls-ca", metavar="PEM", help="the CA of the server's certificate: TLS")
+    group.add_argument("--tls-cert", metavar="PEM", help="client certificate (auth mode mtls)")
+    group.add_argument("--tls-key", metavar="PEM", help="the client certificate's key")
+
+
+def credentials(args: argparse.Namespace) -> Credentials:
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise SystemExit("mmgate: --tls-cert and --tls-key go together")
+    return Credentials(
+        token=args.token or os.environ.get("MMGATE_TOKEN") or None,
+        tls_ca=args.tls_ca,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+    )

@@ -58,7 +58,12 @@ async def _generate(args: argparse.Namespace) -> int:
         "cache_policy": args.cache_policy,
         "images": args.image_bytes,
     }
-    async with MmgateClient(args.target, tenant=args.tenant, timeout=args.timeout) as client:
+    async with MmgateClient(
+        args.target,
+        tenant=args.tenant,
+        credentials=arguments.credentials(args),
+        timeout=args.timeout,
+    ) as client:
         if args.stream:
             async for text in client.stream_text(args.prompt, **options):
                 sys.stdout.write(text)
@@ -74,7 +79,9 @@ async def _stats(args: argparse.Namespace) -> int:
     if args.count is not None and args.watch is None:
         sys.stderr.write("mmgate stats: --count needs --watch\n")
         return 2
-    async with MmgateClient(args.target, timeout=args.timeout) as client:
+    async with MmgateClient(
+        args.target, credentials=arguments.credentials(args), timeout=args.timeout
+    ) as client:
         if args.watch is None:
             sys.stdout.write(render_stats(await client.stats()))
             return 0
@@ -178,6 +185,7 @@ def _parser() -> argparse.ArgumentParser:
     for sub in (generate, stats):
         sub.add_argument("--target", default=DEFAULT_TARGET)
         sub.add_argument("--timeout", type=float, default=120.0)
+        arguments.add_credentials(sub)
     return parser
 
 

@@ -22,11 +22,18 @@ request with the bytes, once:
                               │                                                │ forget the digests
                               └── none held ──────► sent as built ◄────────────┘ (once)
 
+Credentials (docs/security.md, docs/clients.md): a bearer token, TLS with the server's CA, a
+client certificate:
+
+    creds = Credentials(token=os.environ["MMGATE_TOKEN"], tls_ca="ca.crt")
+    async with MmgateClient("mmgate.ml:50051", credentials=creds) as client: ...
+
 This package imports grpc, protobuf, the generated stubs and ``wire`` only: a service that only
 calls mmgate loads none of the server's dependencies (a test holds it to that).
 """
 
 from .aio import MmgateClient
+from .credentials import Credentials
 from .requests import (
     CACHE_POLICIES,
     DEFAULT_TARGET,
@@ -43,6 +50,7 @@ __all__ = [
     "CACHE_POLICIES",
     "DEFAULT_TARGET",
     "HELD_DIGESTS",
+    "Credentials",
     "HeldImages",
     "MmgateClient",
     "SyncClient",

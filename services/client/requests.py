@@ -19,7 +19,6 @@ from ..wire import (
     AFFINITY_HEADER,
     IMAGE_NOT_FOUND,
     IMAGE_PLACEHOLDER,
-    TENANT_HEADER,
     digest_of,
     is_digest,
 )
@@ -66,10 +65,6 @@ def build_request(
             inference_pb2.ChatMessage(role=role, content=content) for role, content in turns
         )
     return request
-
-
-def call_metadata(tenant: str | None) -> tuple[tuple[str, str], ...]:
-    return ((TENANT_HEADER, tenant),) if tenant else ()
 
 
 def affinity_of(request: inference_pb2.GenerateRequest) -> str | None:
@@ -194,7 +189,6 @@ __all__ = [
     "HeldImages",
     "affinity_of",
     "build_request",
-    "call_metadata",
     "digest_of",
     "error_reason",
     "image_not_found",

@@ -11,7 +11,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ..proto.mmgate.v1 import cache_pb2, cache_pb2_grpc, inference_pb2, inference_pb2_grpc
 from ..wire import AFFINITY_HEADER, digest_of
-from .requests import DEFAULT_TARGET, Attempts, HeldImages, build_request, call_metadata
+from .credentials import Credentials
+from .requests import DEFAULT_TARGET, Attempts, HeldImages, build_request
 
 
 class SyncClient:
@@ -23,12 +24,14 @@ class SyncClient:
         target: str = DEFAULT_TARGET,
         *,
         tenant: str | None = None,
+        credentials: Credentials | None = None,
         timeout: float = 120.0,
         channel: grpc.Channel | None = None,
     ) -> None:
-        self.channel = channel or grpc.insecure_channel(target)
+        credentials = credentials or Credentials()
+        self.channel = channel or credentials.channel(target)
         self.timeout = timeout
-        self.metadata = call_metadata(tenant)
+        self.metadata = credentials.metadata(tenant)
         self.inference = inference_pb2_grpc.InferenceStub(self.channel)
         self.cache = cache_pb2_grpc.CacheStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)

@@ -199,6 +199,10 @@ class EngineWorker:
         # set once vLLM says the request finished ("abort" included); None: it is still running
         finish_reason: str | None = None
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        if request.cache_salt is not None:
+            # mixed into the first KV block's hash: no block of this tenant's prompts matches
+            # another tenant's, so cached_prompt_tokens cannot tell one what another sent
+            prompt["cache_salt"] = request.cache_salt
         if images is not None and images.items:
             prompt["multi_modal_data"] = {"image": engine_image_data(images)}
             # vLLM's processor and prefix caches key on the digest, as mmgate's cache does

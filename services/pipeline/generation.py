@@ -3,6 +3,7 @@
     Request ─▶ prompt stage (actor flight: render + tokenize, keyed by content)      prompts.py
             ─▶ token budget (image placeholders expanded as the media stage says)   budget.py
             ─▶ media stage (decode, encoder output; actor flights)                   media/
+               (each tenant's images apart, and salted for vLLM's caches)            tenancy.py
             ─▶ response stage (actor flight, only for the "response" policy and a   responses.py
                deterministic request: one engine run shared by identical requests)
                or straight to the engine                                            engine/
@@ -16,8 +17,9 @@ deadline) closes every generator down to the engine's, which aborts the engine r
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from typing import final
 
 from cache_actor import CacheActor
@@ -25,13 +27,21 @@ from cache_actor import CacheActor
 from ..config import Settings
 from ..engine.protocol import Engine
 from ..errors import EngineUnavailable
-from ..types import EngineDelta, EngineImages, EngineRequest, Finished, ImageReport
+from ..types import (
+    EngineDelta,
+    EngineImages,
+    EngineRequest,
+    Finished,
+    GenerationRequest,
+    ImageReport,
+)
 from .budget import fit
 from .chaos import injector
 from .media import MediaStage, NotReady
 from .prompts import PromptStage
 from .request import Request
 from .responses import SharedResponses
+from .tenancy import Isolation
 from .threads import StageThreads
 
 
@@ -55,8 +65,26 @@ class Pipeline:
         # faults on purpose (reliability runs only); the media stage gets it from the server too
         self.chaos = injector(settings.chaos)
         self.prompts = PromptStage(cache, self.threads)
+        # where each tenant's entries live, at every cache level (the engine's included)
+        self.isolation = Isolation(settings.tenants)
         self.responses = SharedResponses(
             engine, cache, settings.default_deadline_seconds, self.chaos
+        )
+
+    def request(
+        self,
+        checked: GenerationRequest,
+        tenant: str,
+        deadline: float,
+        trace_headers: Mapping[str, str],
+    ) -> Request:
+        """A validated request of ``tenant``'s, under its own salt of the engine's caches."""
+        return Request(
+            checked,
+            tenant,
+            deadline,
+            trace_headers,
+            cache_salt=self.isolation.cache_salt(tenant),
         )
 
     def use_media(self, media: MediaStage) -> None:
@@ -79,8 +107,15 @@ class Pipeline:
         images: EngineImages | None = None
         image_reports: tuple[ImageReport, ...] = ()
         if checked.images:
-            prepared = await media.prepare(checked.images, request.tenant, request.left())
+            isolation = self.isolation
+            prepared = await media.prepare(
+                checked.images, isolation.media_tenant(request.tenant), request.left()
+            )
             images, image_reports = prepared.engine, prepared.reports
+            if images is not None:
+                # vLLM's processor and encoder caches key on these: salted as the prefix cache
+                uuids = isolation.image_uuids(request.tenant, images.uuids)
+                images = dataclasses.replace(images, uuids=uuids)
 
         from_cache = False
         if checked.cache_policy == "response" and sampling.deterministic:
@@ -93,6 +128,7 @@ class Pipeline:
                 sampling=sampling,
                 images=images,
                 trace_headers=request.trace_headers or None,
+                cache_salt=request.cache_salt,
             )
             stream = self.chaos.engine(engine.generate(run), request.tenant)
 

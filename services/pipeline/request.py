@@ -1,6 +1,6 @@
 """One request on its way through the pipeline: what every stage needs, carried in one object.
 
-api: validate ─▶ Request(checked, tenant, deadline, trace headers)
+api: validate ─▶ Pipeline.request: Request(checked, tenant, deadline, trace headers, cache salt)
      ─▶ prompt stage, media stage, shared responses: each appends its LookupReport
      ─▶ Finished (the reports with it)
 """
@@ -46,6 +46,8 @@ class Request:
     deadline: float
     trace_headers: Mapping[str, str] = field(default_factory=dict)
     lookups: list[LookupReport] = field(default_factory=list)
+    # the tenant's salt of the engine's prefix cache (tenancy.py); None: shared by all
+    cache_salt: str | None = None
 
     def left(self) -> float:
         return seconds_left(self.deadline)

@@ -150,6 +150,7 @@ class SharedResponses:
             sampling=sampling,
             images=images,
             trace_headers=request.trace_headers or None,
+            cache_salt=request.cache_salt,
         )
         tenant = request.tenant
 

@@ -1,7 +1,7 @@
 """One way to watch a gRPC call, shared by every interceptor: begin, the handler, end.
 
     intercept_service ─▶ wants(call)? ─ no ─▶ the handler as it is
-                                      └ yes ─▶ watched(handler): begin(method)
+                                      └ yes ─▶ watched(handler): begin(method) ─▶ admit(context)
                                                    ─▶ the handler (a stream's messages written
                                                       here with context.write())
                                                ─▶ end(token, final_status(context, error))
@@ -64,6 +64,11 @@ class WatchingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def wants(self, call: grpc.HandlerCallDetails) -> bool:
         return True
 
+    async def admit(self, context: grpc.aio.ServicerContext) -> None:
+        """Before the handler, in its task: may end the call (``context.abort``) or set context
+        variables the handler reads (the authenticated caller)."""
+        return None
+
     def begin(self, method: str) -> object:
         """At the call's start, in its task; the token is handed to end()."""
         raise NotImplementedError
@@ -116,6 +121,7 @@ def _unary(behavior: Behavior, method: str, watch: WatchingInterceptor) -> Behav
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
         token = watch.begin(method)
         try:
+            await watch.admit(context)
             response = behavior(request, context)
             if inspect.isawaitable(response):
                 response = await response
@@ -132,6 +138,7 @@ def _stream(behavior: Behavior, method: str, watch: WatchingInterceptor) -> Beha
     async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         token = watch.begin(method)
         try:
+            await watch.admit(context)
             responses = behavior(request, context)
             if hasattr(responses, "__aiter__"):
                 async for response in responses:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...client import DEFAULT_TARGET, MmgateClient
+from ...client import DEFAULT_TARGET, Credentials, MmgateClient
 from .. import arguments
 from .load import Limits, Outcome, run
 from .report import Summary, plot, render, summarize
@@ -37,6 +37,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "--target", metavar="HOST:PORT", default=DEFAULT_TARGET, help="HOST:PORT of mmgate"
     )
     bench.add_argument("--tenant", help="the x-mmgate-tenant header of every request")
+    arguments.add_credentials(bench)
     bench.add_argument(
         "--timeout",
         metavar="SECONDS",
@@ -205,7 +206,9 @@ def main(args: argparse.Namespace) -> int:
         timeout=args.timeout,
     )
     progress = not args.no_progress and sys.stderr.isatty()
-    outcomes, summary = asyncio.run(_bench(args.target, args.tenant, mix, limits, progress))
+    outcomes, summary = asyncio.run(
+        _bench(args.target, args.tenant, arguments.credentials(args), mix, limits, progress)
+    )
     sys.stdout.write(render(summary, args.target))
     if args.json is not None:
         document = {
@@ -222,7 +225,12 @@ def main(args: argparse.Namespace) -> int:
 
 
 async def _bench(
-    target: str, tenant: str | None, mix: Mix, limits: Limits, progress: bool
+    target: str,
+    tenant: str | None,
+    credentials: Credentials,
+    mix: Mix,
+    limits: Limits,
+    progress: bool,
 ) -> tuple[list[Outcome], Summary]:
     bar: Any = None
     if progress:
@@ -231,7 +239,9 @@ async def _bench(
         bar = tqdm(total=limits.requests, unit="req", file=sys.stderr)
     cpu = time.process_time()
     try:
-        async with MmgateClient(target, tenant=tenant, timeout=limits.timeout) as client:
+        async with MmgateClient(
+            target, tenant=tenant, credentials=credentials, timeout=limits.timeout
+        ) as client:
             outcomes, dropped, wall = await run(
                 client,
                 Workload(mix),

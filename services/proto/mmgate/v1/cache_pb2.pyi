@@ -7,8 +7,38 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GetStatsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("all_tenants",)
+    ALL_TENANTS_FIELD_NUMBER: _ClassVar[int]
+    all_tenants: bool
+    def __init__(self, all_tenants: _Optional[bool] = ...) -> None: ...
+
+class TenantStats(_message.Message):
+    __slots__ = ("tenant", "hits", "tier_hits", "misses", "coalesced", "load_failures", "entries", "bytes", "budget_bytes", "active_requests", "max_concurrent_requests", "hit_ratio")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    TIER_HITS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    COALESCED_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENT_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    HIT_RATIO_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    hits: int
+    tier_hits: int
+    misses: int
+    coalesced: int
+    load_failures: int
+    entries: int
+    bytes: int
+    budget_bytes: int
+    active_requests: int
+    max_concurrent_requests: int
+    hit_ratio: float
+    def __init__(self, tenant: _Optional[str] = ..., hits: _Optional[int] = ..., tier_hits: _Optional[int] = ..., misses: _Optional[int] = ..., coalesced: _Optional[int] = ..., load_failures: _Optional[int] = ..., entries: _Optional[int] = ..., bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., active_requests: _Optional[int] = ..., max_concurrent_requests: _Optional[int] = ..., hit_ratio: _Optional[float] = ...) -> None: ...
 
 class ActorStats(_message.Message):
     __slots__ = ("hits", "tier_hits", "misses", "coalesced", "load_successes", "load_failures", "load_seconds", "evictions", "evicted_bytes", "expirations", "oversize_rejections", "recursion_rejections", "compute_timeouts", "caller_timeouts", "cancelled_waiters", "overloaded", "tier_errors", "tier_write_errors", "stalled_flights", "entries", "bytes", "flights", "waiters", "mailbox_depth", "loop_lag_seconds", "oldest_flight_seconds", "tier_breaker_open", "alive", "hit_ratio")
@@ -123,28 +153,34 @@ class EngineHealth(_message.Message):
     def __init__(self, state: _Optional[str] = ..., in_flight: _Optional[int] = ..., seconds_since_step: _Optional[float] = ..., stalls: _Optional[int] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("actor", "engine", "model", "media_mode", "media", "engine_health")
+    __slots__ = ("actor", "engine", "model", "media_mode", "media", "engine_health", "tenant", "tenants")
     ACTOR_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MEDIA_MODE_FIELD_NUMBER: _ClassVar[int]
     MEDIA_FIELD_NUMBER: _ClassVar[int]
     ENGINE_HEALTH_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
     actor: ActorStats
     engine: EngineCacheStats
     model: str
     media_mode: str
     media: MediaStats
     engine_health: EngineHealth
-    def __init__(self, actor: _Optional[_Union[ActorStats, _Mapping]] = ..., engine: _Optional[_Union[EngineCacheStats, _Mapping]] = ..., model: _Optional[str] = ..., media_mode: _Optional[str] = ..., media: _Optional[_Union[MediaStats, _Mapping]] = ..., engine_health: _Optional[_Union[EngineHealth, _Mapping]] = ...) -> None: ...
+    tenant: str
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantStats]
+    def __init__(self, actor: _Optional[_Union[ActorStats, _Mapping]] = ..., engine: _Optional[_Union[EngineCacheStats, _Mapping]] = ..., model: _Optional[str] = ..., media_mode: _Optional[str] = ..., media: _Optional[_Union[MediaStats, _Mapping]] = ..., engine_health: _Optional[_Union[EngineHealth, _Mapping]] = ..., tenant: _Optional[str] = ..., tenants: _Optional[_Iterable[_Union[TenantStats, _Mapping]]] = ...) -> None: ...
 
 class InspectRequest(_message.Message):
-    __slots__ = ("key", "digest")
+    __slots__ = ("key", "digest", "tenant")
     KEY_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     key: str
     digest: str
-    def __init__(self, key: _Optional[str] = ..., digest: _Optional[str] = ...) -> None: ...
+    tenant: str
+    def __init__(self, key: _Optional[str] = ..., digest: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class StageEntry(_message.Message):
     __slots__ = ("stage", "key", "state", "bytes", "age_seconds", "hits", "tier", "waiters")
@@ -187,12 +223,14 @@ class InspectResponse(_message.Message):
     def __init__(self, key: _Optional[str] = ..., state: _Optional[str] = ..., bytes: _Optional[int] = ..., age_seconds: _Optional[float] = ..., hits: _Optional[int] = ..., tier: _Optional[str] = ..., waiters: _Optional[int] = ..., stages: _Optional[_Iterable[_Union[StageEntry, _Mapping]]] = ...) -> None: ...
 
 class InvalidateRequest(_message.Message):
-    __slots__ = ("key", "digest")
+    __slots__ = ("key", "digest", "tenant")
     KEY_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     key: str
     digest: str
-    def __init__(self, key: _Optional[str] = ..., digest: _Optional[str] = ...) -> None: ...
+    tenant: str
+    def __init__(self, key: _Optional[str] = ..., digest: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class InvalidateResponse(_message.Message):
     __slots__ = ("removed",)

@@ -1,0 +1,160 @@
+"""Who is calling: one Authenticator per auth mode, chosen once from the settings.
+
+    none   LabelAuth        x-mmgate-tenant is a label (any caller may name any tenant): admin
+    token  TokenAuth        authorization: Bearer <token> ─▶ TokenTable ─▶ grant
+    mtls   CertificateAuth  the verified client certificate's URI/DNS SAN or CN ─▶ identities
+    mesh   MeshAuth         the sidecar's x-forwarded-client-cert URI ─▶ identities
+
+Each answers ``grant(context)`` with the credential's Grant or raises Unauthenticated. What the
+tenant header may then say is the gate's rule (gate.py), the same for every mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol, final
+
+import grpc
+
+from ...config import AuthSettings, Grant
+from ...errors import Unauthenticated
+from ...wire import AUTHORIZATION_HEADER, CREDENTIALS_INVALID, CREDENTIALS_MISSING
+from ..metadata import metadata_value
+from .certs import peer_identities
+from .mesh import XFCC_HEADER, forwarded_identity
+from .tokens import TokenTable
+
+
+class Authenticator(Protocol):
+    mode: str
+
+    def grant(self, context: grpc.aio.ServicerContext) -> Grant | None:
+        """The caller's grant; None in mode none (the header decides); raises Unauthenticated."""
+        ...
+
+    def tenants(self) -> frozenset[str]:
+        """The tenants the credentials name (for a fair share of what is shared)."""
+        ...
+
+    def reload(self) -> None:
+        """Read credentials anew where they come from files (SIGHUP)."""
+        ...
+
+    def changed(self) -> bool:
+        """Whether a credentials file has changed since it was last read."""
+        ...
+
+
+class _Fixed:
+    """Credentials that do not change while the server runs."""
+
+    def reload(self) -> None:
+        return None
+
+    def changed(self) -> bool:
+        return False
+
+
+@final
+class LabelAuth(_Fixed):
+    mode = "none"
+
+    def grant(self, context: grpc.aio.ServicerContext) -> Grant | None:
+        return None
+
+    def tenants(self) -> frozenset[str]:
+        return frozenset()
+
+
+@final
+class TokenAuth:
+    mode = "token"
+
+    def __init__(self, table: TokenTable) -> None:
+        self.table = table
+
+    def grant(self, context: grpc.aio.ServicerContext) -> Grant:
+        header = metadata_value(context, AUTHORIZATION_HEADER)
+        if not header:
+            raise Unauthenticated("a bearer token is required", CREDENTIALS_MISSING)
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthenticated("authorization must be 'Bearer <token>'", CREDENTIALS_INVALID)
+        grant = self.table.grant(token.strip())
+        if grant is None:
+            raise Unauthenticated("the bearer token is not valid", CREDENTIALS_INVALID)
+        return grant
+
+    def tenants(self) -> frozenset[str]:
+        return self.table.tenants()
+
+    def reload(self) -> None:
+        self.table.reload()
+
+    def changed(self) -> bool:
+        return self.table.changed()
+
+
+class _Identities(_Fixed):
+    def __init__(self, identities: Mapping[str, Grant]) -> None:
+        self.identities = dict(identities)
+
+    def tenants(self) -> frozenset[str]:
+        return frozenset(g.tenant for g in self.identities.values() if g.role == "tenant")
+
+
+@final
+class CertificateAuth(_Identities):
+    mode = "mtls"
+
+    def grant(self, context: grpc.aio.ServicerContext) -> Grant:
+        # the handshake has verified the certificate against the client CA: only its names remain
+        names = peer_identities(context)
+        if not names:
+            raise Unauthenticated("a client certificate is required", CREDENTIALS_MISSING)
+        for name in names:
+            if (grant := self.identities.get(name)) is not None:
+                return grant
+        raise Unauthenticated(
+            "the client certificate names no tenant this server knows", CREDENTIALS_INVALID
+        )
+
+
+@final
+class MeshAuth(_Identities):
+    mode = "mesh"
+
+    def grant(self, context: grpc.aio.ServicerContext) -> Grant:
+        header = metadata_value(context, XFCC_HEADER)
+        identity = forwarded_identity(header) if header else None
+        if identity is None:
+            raise Unauthenticated(
+                "no caller identity from the mesh (x-forwarded-client-cert)", CREDENTIALS_MISSING
+            )
+        grant = self.identities.get(identity)
+        if grant is None:
+            raise Unauthenticated(
+                "the mesh identity names no tenant this server knows", CREDENTIALS_INVALID
+            )
+        return grant
+
+
+def authenticator(settings: AuthSettings) -> Authenticator:
+    """The variant the mode names; a bad tokens file refuses to start (ValueError)."""
+    if settings.mode == "token":
+        return TokenAuth(TokenTable(settings.tokens_file, settings.tokens))
+    if settings.mode == "mtls":
+        return CertificateAuth(settings.identities)
+    if settings.mode == "mesh":
+        return MeshAuth(settings.identities)
+    return LabelAuth()
+
+
+__all__ = [
+    "Authenticator",
+    "CertificateAuth",
+    "LabelAuth",
+    "MeshAuth",
+    "TokenAuth",
+    "authenticator",
+]

@@ -1,0 +1,119 @@
+"""Bearer tokens: SHA-256 digests of tokens mapped to grants, from a file and the environment.
+
+    authorization: Bearer <token> ─▶ sha256 ─▶ compared with every known digest (constant time)
+    tokens file changed (polled) or SIGHUP ─▶ reload ─▶ a broken file keeps the last good table
+
+Only digests are configured and kept: a leaked configuration does not leak a usable token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import final
+
+from pydantic import TypeAdapter, ValidationError
+
+from ...config import Grant
+
+log = logging.getLogger("mmgate.auth")
+
+_GRANTS = TypeAdapter(dict[str, Grant])
+
+
+def token_digest(token: str) -> str:
+    """What a tokens file holds for ``token``: its SHA-256, hex."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _checked(grants: Mapping[str, Grant], source: str) -> dict[str, Grant]:
+    table = {}
+    for digest, grant in grants.items():
+        key = digest.removeprefix("sha256:").lower()
+        if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
+            raise ValueError(f"{source}: {digest[:12]}... is not a SHA-256 hex digest")
+        table[key] = grant
+    return table
+
+
+@final
+class TokenTable:
+    def __init__(self, file: Path | None, fixed: Mapping[str, Grant]) -> None:
+        self.file = file
+        self._fixed = _checked(fixed, "MMGATE_AUTH__TOKENS")
+        self._stamp: tuple[int, int] | None = None
+        self._table: dict[str, Grant] = dict(self._fixed)
+        self.reloads = 0
+        self.reload_failures = 0
+        if file is not None:
+            self._table = {
+                **self._read(file),
+                **self._fixed,
+            }  # a bad file at start: refuse to start
+            self._stamp = self._file_stamp()
+
+    def _file_stamp(self) -> tuple[int, int] | None:
+        try:
+            stat = self.file.stat() if self.file is not None else None
+        except OSError:
+            return None
+        # a Secret update swaps a symlink: inode and mtime both say "new"
+        return None if stat is None else (stat.st_ino, stat.st_mtime_ns)
+
+    @staticmethod
+    def _read(file: Path) -> dict[str, Grant]:
+        try:
+            raw = json.loads(file.read_text())
+            return _checked(_GRANTS.validate_python(raw), str(file))
+        except (OSError, json.JSONDecodeError, ValidationError) as exc:
+            raise ValueError(f"tokens file {file}: {_reason(exc)}") from None
+
+    def changed(self) -> bool:
+        return self.file is not None and self._file_stamp() != self._stamp
+
+    def reload(self) -> bool:
+        """Read the file again; on failure keep the table as it was. True if it was replaced."""
+        if self.file is None:
+            return False
+        stamp = self._file_stamp()
+        try:
+            table = self._read(self.file)
+        except ValueError as exc:
+            self.reload_failures += 1
+            self._stamp = stamp  # logged once per change, not once per poll
+            log.error("%s; keeping the %d tokens loaded before", exc, len(self._table))
+            return False
+        self._table = {**table, **self._fixed}
+        self._stamp = stamp
+        self.reloads += 1
+        log.info("tokens reloaded from %s: %d tokens", self.file, len(self._table))
+        return True
+
+    def grant(self, token: str) -> Grant | None:
+        """The grant of a presented token, or None. Every digest is compared, in constant time,
+        so the time taken says nothing about how close a guess came."""
+        presented = token_digest(token).encode()
+        found: Grant | None = None
+        for digest, grant in self._table.items():
+            if hmac.compare_digest(presented, digest.encode()):
+                found = grant
+        return found
+
+    def tenants(self) -> frozenset[str]:
+        return frozenset(g.tenant for g in self._table.values() if g.role == "tenant")
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not JSON ({exc.msg}, line {exc.lineno})"
+    return exc.strerror or str(exc) if isinstance(exc, OSError) else str(exc)
+
+
+__all__ = ["TokenTable", "token_digest"]
