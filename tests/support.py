@@ -27,7 +27,7 @@ import grpc
 import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.client import MmgateClient
+from services.client import Credentials, MmgateClient
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
@@ -101,14 +101,16 @@ def free_port() -> int:
         return port
 
 
-def wait_serving(target: str, timeout: float, service: str = "") -> list[int]:
+def wait_serving(
+    target: str, timeout: float, service: str = "", credentials: Credentials | None = None
+) -> list[int]:
     """Block until ``target``'s health for ``service`` says SERVING; the statuses seen on the way.
 
     Raises grpc.FutureTimeoutError when the port never opens, grpc.RpcError when the stream
     fails (the server exited, or ``timeout`` passed), AssertionError when it ends before SERVING.
     """
     seen: list[int] = []
-    with grpc.insecure_channel(target) as channel:
+    with (credentials or Credentials()).channel(target) as channel:
         grpc.channel_ready_future(channel).result(timeout=timeout)
         stream = health_pb2_grpc.HealthStub(channel).Watch(
             health_pb2.HealthCheckRequest(service=service), timeout=timeout
@@ -135,6 +137,8 @@ class RunningServer:
     env: dict[str, str] = field(default_factory=dict)
     # health of "" as seen from the moment the port opened until SERVING
     startup_statuses: list[int] = field(default_factory=list)
+    # what its clients connect with (TLS, a client certificate, a token) by default
+    credentials: Credentials | None = None
 
     @property
     def target(self) -> str:
@@ -152,6 +156,7 @@ class RunningServer:
         return found.group(1)
 
     def client(self, **kwargs: object) -> MmgateClient:
+        kwargs.setdefault("credentials", self.credentials)
         return MmgateClient(self.target, **kwargs)  # type: ignore[arg-type]
 
     def stop(self) -> int:
@@ -166,7 +171,9 @@ class RunningServer:
             raise AssertionError(f"server ignored SIGTERM:\n{self.log()}") from None
 
 
-def start_server(log_dir: Path, model: str | None, **settings: str) -> RunningServer:
+def start_server(
+    log_dir: Path, model: str | None, *, credentials: Credentials | None = None, **settings: str
+) -> RunningServer:
     port = free_port()
     env = dict(os.environ)
     env.update(
@@ -197,7 +204,7 @@ def start_server(log_dir: Path, model: str | None, **settings: str) -> RunningSe
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    server = RunningServer(process, port, log_path, env)
+    server = RunningServer(process, port, log_path, env, credentials=credentials)
     try:
         wait_until_serving(server)
     except BaseException:
@@ -235,7 +242,9 @@ def engine_core(server: RunningServer) -> psutil.Process | None:
 def wait_until_serving(server: RunningServer) -> None:
     """Block until the server's health says SERVING; its log in the failure if it never does."""
     try:
-        server.startup_statuses.extend(wait_serving(server.target, START_TIMEOUT))
+        server.startup_statuses.extend(
+            wait_serving(server.target, START_TIMEOUT, credentials=server.credentials)
+        )
     except (grpc.FutureTimeoutError, grpc.RpcError, AssertionError) as error:
         raise AssertionError(
             f"server did not become ready ({error!r}); exit code {server.process.poll()}:\n"

@@ -111,25 +111,31 @@ class MmgateClient:
         self.held.add(response.digest)
         return response
 
-    async def stats(self) -> cache_pb2.GetStatsResponse:
+    async def stats(self, *, all_tenants: bool = False) -> cache_pb2.GetStatsResponse:
+        """The caller's tenant's figures; an admin's: all tenants together, and with
+        ``all_tenants`` each tenant's."""
         response: cache_pb2.GetStatsResponse = await self.cache.GetStats(
-            cache_pb2.GetStatsRequest(), timeout=self.timeout, metadata=self.metadata
-        )
-        return response
-
-    async def inspect(self, key: str = "", *, digest: str = "") -> cache_pb2.InspectResponse:
-        """A cache key's entry, or (``digest``) every stage of an image."""
-        response: cache_pb2.InspectResponse = await self.cache.Inspect(
-            cache_pb2.InspectRequest(key=key, digest=digest),
+            cache_pb2.GetStatsRequest(all_tenants=all_tenants),
             timeout=self.timeout,
             metadata=self.metadata,
         )
         return response
 
-    async def invalidate(self, key: str = "", *, digest: str = "") -> bool:
+    async def inspect(
+        self, key: str = "", *, digest: str = "", tenant: str = ""
+    ) -> cache_pb2.InspectResponse:
+        """A cache key's entry, or (``digest``) every stage of an image."""
+        response: cache_pb2.InspectResponse = await self.cache.Inspect(
+            cache_pb2.InspectRequest(key=key, digest=digest, tenant=tenant),
+            timeout=self.timeout,
+            metadata=self.metadata,
+        )
+        return response
+
+    async def invalidate(self, key: str = "", *, digest: str = "", tenant: str = "") -> bool:
         """Drop a cache key, or (``digest``) every stage of an image."""
         response: cache_pb2.InvalidateResponse = await self.cache.Invalidate(
-            cache_pb2.InvalidateRequest(key=key, digest=digest),
+            cache_pb2.InvalidateRequest(key=key, digest=digest, tenant=tenant),
             timeout=self.timeout,
             metadata=self.metadata,
         )

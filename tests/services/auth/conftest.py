@@ -1,0 +1,184 @@
+"""Servers with real authentication over real TLS on loopback, and the credentials of their
+callers: certificates made here (cryptography), tokens written to a tokens file.
+
+- ``token_server``: the tiny LLaVA in pixels mode (mmgate caches decoded images, vLLM's own
+  processor and prefix caches are live), auth mode token over TLS, a real redis-server as the
+  second tier; tenants "alpha" and "beta", and "ops", an admin.
+- ``mtls_server``: the tiny text model, auth mode mtls (client certificates of one CA).
+- ``mesh_server``: the tiny text model, auth mode mesh (plaintext behind a sidecar).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from services.api.auth import token_digest
+from services.client import Credentials
+from services.models import build_tiny_llava
+from tests.redis_support import RedisProcess, redis_server
+from tests.support import RunningServer, start_server
+from tests.tls_support import CertificateAuthority, Issued
+
+TOKENS = {"alpha": "alpha-token-0f3c9a", "beta": "beta-token-77d2e1", "ops": "ops-token-c41b08"}
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Pki:
+    ca: CertificateAuthority
+    server: Issued
+    directory: Path
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    directory = tmp_path_factory.mktemp("pki")
+    ca = CertificateAuthority(directory)
+    return Pki(ca, ca.issue("server", "mmgate", server=True), directory)
+
+
+def write_tokens(path: Path, grants: dict[str, object]) -> None:
+    """A tokens file as an operator writes it: digests of tokens, never the tokens. Written
+    beside and renamed into place, as a Kubernetes Secret update swaps its files."""
+    body = {token_digest(token): grant for token, grant in grants.items()}
+    staging = path.with_suffix(".new")
+    staging.write_text(json.dumps(body))
+    staging.replace(path)
+
+
+TOKEN_GRANTS: dict[str, object] = {
+    TOKENS["alpha"]: "alpha",
+    TOKENS["beta"]: "beta",
+    TOKENS["ops"]: {"tenant": "ops", "role": "admin"},
+}
+
+
+@pytest.fixture(scope="session")
+def tokens_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("secrets") / "tokens.json"
+    write_tokens(path, TOKEN_GRANTS)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tenants_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
+    server = redis_server(tmp_path_factory.mktemp("tenants-redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def token_server(
+    tmp_path_factory: pytest.TempPathFactory,
+    pki: Pki,
+    tokens_file: Path,
+    tenants_redis: RedisProcess,
+) -> Iterator[RunningServer]:
+    model = build_tiny_llava(tmp_path_factory.mktemp("models") / "tiny-llava")
+    running = start_server(
+        tmp_path_factory.mktemp("token-server"),
+        str(model),
+        credentials=Credentials(tls_ca=pki.ca.issued.cert),
+        MMGATE_MEDIA__MODE="pixels",
+        MMGATE_AUTH__MODE="token",
+        MMGATE_AUTH__TOKENS_FILE=str(tokens_file),
+        MMGATE_AUTH__RELOAD_SECONDS="0.2",
+        MMGATE_AUTH__TLS_CERT_FILE=str(pki.server.cert),
+        MMGATE_AUTH__TLS_KEY_FILE=str(pki.server.key),
+        # two tenants configured: each gets half of these by default
+        MMGATE_MAX_CONCURRENT_REQUESTS="8",
+        MMGATE_CACHE__MAX_BYTES=str(64 * MiB),
+        MMGATE_REDIS__URL=tenants_redis.url,
+        MMGATE_ENGINE__MAX_MODEL_LEN="2048",
+        MMGATE_MAX_MESSAGE_BYTES=str(16 * MiB),
+    )
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+def as_tenant(pki: Pki, name: str) -> Credentials:
+    """token_server's caller ``name`` ("alpha", "beta", "ops")."""
+    return Credentials(token=TOKENS[name], tls_ca=pki.ca.issued.cert)
+
+
+@pytest.fixture(scope="session")
+def client_certs(pki: Pki) -> dict[str, Issued]:
+    """Client certificates of the server's CA, and one of another CA with the same names."""
+    stranger = CertificateAuthority(pki.directory / "other-ca", "another CA")
+    return {
+        "alpha": pki.ca.issue("alpha", "alpha-client", uris=("spiffe://test/ns/apps/sa/alpha",)),
+        "beta": pki.ca.issue("beta", "beta-client", dns=("beta.apps.svc",)),
+        "ops": pki.ca.issue("ops", "ops-console"),
+        "unmapped": pki.ca.issue("unmapped", "nobody-knows-me"),
+        "foreign": stranger.issue(
+            "foreign", "alpha-client", uris=("spiffe://test/ns/apps/sa/alpha",)
+        ),
+    }
+
+
+def with_cert(pki: Pki, cert: Issued | None) -> Credentials:
+    if cert is None:
+        return Credentials(tls_ca=pki.ca.issued.cert)
+    return Credentials(tls_ca=pki.ca.issued.cert, tls_cert=cert.cert, tls_key=cert.key)
+
+
+@pytest.fixture(scope="session")
+def mtls_server(
+    tmp_path_factory: pytest.TempPathFactory,
+    tiny_model: str,
+    pki: Pki,
+    client_certs: dict[str, Issued],
+) -> Iterator[RunningServer]:
+    # its own copy of the server certificate: the rotation test replaces these files
+    directory = tmp_path_factory.mktemp("mtls-server")
+    cert, key = directory / "tls.crt", directory / "tls.key"
+    cert.write_bytes(pki.server.cert.read_bytes())
+    key.write_bytes(pki.server.key.read_bytes())
+    identities = {
+        # each kind of name a certificate can carry: URI SAN, DNS SAN, CN
+        "spiffe://test/ns/apps/sa/alpha": "alpha",
+        "beta.apps.svc": "beta",
+        "ops-console": {"tenant": "ops", "role": "admin"},
+    }
+    running = start_server(
+        directory,
+        tiny_model,
+        credentials=with_cert(pki, client_certs["alpha"]),
+        MMGATE_AUTH__MODE="mtls",
+        MMGATE_AUTH__TLS_CERT_FILE=str(cert),
+        MMGATE_AUTH__TLS_KEY_FILE=str(key),
+        MMGATE_AUTH__CLIENT_CA_FILE=str(pki.ca.issued.cert),
+        MMGATE_AUTH__IDENTITIES=json.dumps(identities),
+    )
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+MESH_IDENTITIES = {
+    "spiffe://cluster.local/ns/apps/sa/frontend": "alpha",
+    "spiffe://cluster.local/ns/apps/sa/batch": "beta",
+}
+
+
+def xfcc(uri: str) -> str:
+    """x-forwarded-client-cert as an Istio sidecar writes it for a caller's mTLS connection."""
+    return f'By=spiffe://cluster.local/ns/ml/sa/mmgate;Hash=4f2c0e;Subject="";URI={uri}'
+
+
+@pytest.fixture(scope="session")
+def mesh_server(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: str
+) -> Iterator[RunningServer]:
+    running = start_server(
+        tmp_path_factory.mktemp("mesh-server"),
+        tiny_model,
+        MMGATE_AUTH__MODE="mesh",
+        MMGATE_AUTH__IDENTITIES=json.dumps(MESH_IDENTITIES),
+    )
+    yield running
+    assert running.stop() == 0, running.log()
