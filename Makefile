@@ -51,10 +51,10 @@ architecture: $(STAMP)
 	$(BIN)/lint-imports
 
 # the metrics tests lint /metrics with promtool
-unit: $(STAMP) promtool redis-server
+unit: $(STAMP) promtool redis-server node-client
 	$(BIN)/pytest
 
-.PHONY: promtool redis-server rules
+.PHONY: promtool redis-server node-client rules
 
 # promtool (Debian's `prometheus` package) checks and unit-tests deploy/prometheus, and
 # tests/services/test_metrics.py lints /metrics with it; sudo only where not root
@@ -65,6 +65,14 @@ promtool:
 # the Redis tier's tests start their own redis-server processes (Debian's redis-server, TLS built in)
 redis-server:
 	@command -v redis-server >/dev/null || ($(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null)
+
+# docs/clients.md's Node.js example runs in tests/services/auth/test_clients.py with these, from
+# build/node/node_modules (no package.json of mmgate's; Debian's nodejs and npm where npm is missing)
+NODE_CLIENT := build/node
+NODE_PACKAGES := @grpc/grpc-js@1.14.7 @grpc/proto-loader@0.8.1
+node-client:
+	@command -v npm >/dev/null || ($(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null)
+	@npm ls --prefix $(NODE_CLIENT) $(NODE_PACKAGES) >/dev/null 2>&1 || npm install --prefix $(NODE_CLIENT) --no-audit --no-fund --ignore-scripts --silent $(NODE_PACKAGES)
 
 rules: promtool
 	promtool check rules deploy/prometheus/*_rules.yml

@@ -35,7 +35,8 @@ def _checked(grants: Mapping[str, Grant], source: str) -> dict[str, Grant]:
     for digest, grant in grants.items():
         key = digest.removeprefix("sha256:").lower()
         if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
-            raise ValueError(f"{source}: {digest[:12]}... is not a SHA-256 hex digest")
+            # a prefix only: a token pasted here by mistake must not reach the log whole
+            raise ValueError(f"{source}: {digest[:8]}... is not a SHA-256 hex digest")
         table[key] = grant
     return table
 
@@ -68,9 +69,10 @@ class TokenTable:
     def _read(file: Path) -> dict[str, Grant]:
         try:
             raw = json.loads(file.read_text())
-            return _checked(_GRANTS.validate_python(raw), str(file))
+            grants = _GRANTS.validate_python(raw)
         except (OSError, json.JSONDecodeError, ValidationError) as exc:
             raise ValueError(f"tokens file {file}: {_reason(exc)}") from None
+        return _checked(grants, f"tokens file {file}")
 
     def changed(self) -> bool:
         return self.file is not None and self._file_stamp() != self._stamp
