@@ -172,8 +172,10 @@ class RunningServer:
 
 
 def start_server(
-    log_dir: Path, model: str | None, *, credentials: Credentials | None = None, **settings: str
+    log_dir: Path, model: str | None, credentials: Credentials | None = None, /, **settings: str
 ) -> RunningServer:
+    """``mmgate serve`` with ``settings`` (MMGATE_* variables), SERVING; ``credentials``: what
+    its clients connect with (TLS, a client certificate, a token) unless told otherwise."""
     port = free_port()
     env = dict(os.environ)
     env.update(

@@ -83,7 +83,7 @@ def token_server(
     running = start_server(
         tmp_path_factory.mktemp("token-server"),
         str(model),
-        credentials=Credentials(tls_ca=pki.ca.issued.cert),
+        Credentials(tls_ca=pki.ca.issued.cert),
         MMGATE_MEDIA__MODE="pixels",
         MMGATE_AUTH__MODE="token",
         MMGATE_AUTH__TOKENS_FILE=str(tokens_file),
@@ -148,7 +148,7 @@ def mtls_server(
     running = start_server(
         directory,
         tiny_model,
-        credentials=with_cert(pki, client_certs["alpha"]),
+        with_cert(pki, client_certs["alpha"]),
         MMGATE_AUTH__MODE="mtls",
         MMGATE_AUTH__TLS_CERT_FILE=str(cert),
         MMGATE_AUTH__TLS_KEY_FILE=str(key),

@@ -8,6 +8,7 @@ import io
 import random
 import statistics
 import time
+from typing import Any
 
 import grpc
 import pytest
@@ -105,7 +106,12 @@ async def test_shared_responses_and_redis_entries_are_per_tenant(
     token_server: RunningServer, pki: Pki, tenants_redis: RedisProcess
 ) -> None:
     prompt = "Shared answer for the isolation test, number 7741."
-    options = {"max_tokens": 4, "temperature": 0.0, "cache_policy": "response", "raw": True}
+    options: dict[str, Any] = {
+        "max_tokens": 4,
+        "temperature": 0.0,
+        "cache_policy": "response",
+        "raw": True,
+    }
     async with (
         tenant(token_server, pki, "alpha") as alpha,
         tenant(token_server, pki, "beta") as beta,
@@ -128,7 +134,12 @@ async def test_beta_gets_no_cached_prefix_of_alphas_prompt(
 ) -> None:
     secret = " ".join(f"confidential clause {i} of the alpha merger terms;" for i in range(60))
     guess = secret[: len(secret) // 2 + 40] + " and then something else entirely"
-    options = {"max_tokens": 1, "temperature": 0.0, "raw": True, "cache_policy": "bypass"}
+    options: dict[str, Any] = {
+        "max_tokens": 1,
+        "temperature": 0.0,
+        "raw": True,
+        "cache_policy": "bypass",
+    }
     async with (
         tenant(token_server, pki, "alpha") as alpha,
         tenant(token_server, pki, "beta") as beta,
@@ -148,7 +159,12 @@ async def test_beta_cannot_time_probe_alphas_images(token_server: RunningServer,
     rounds = 7
     # longer than one KV block with the image: a repeat can hit vLLM's prefix cache too
     question = "<image> " + " ".join(f"Describe detail {i} of the picture." for i in range(40))
-    options = {"max_tokens": 1, "temperature": 0.0, "raw": True, "cache_policy": "bypass"}
+    options: dict[str, Any] = {
+        "max_tokens": 1,
+        "temperature": 0.0,
+        "raw": True,
+        "cache_policy": "bypass",
+    }
     alphas = [photo(5000 + i) for i in range(rounds)]
     fresh = [photo(6000 + i) for i in range(rounds)]
     timings: dict[str, list[float]] = {"alpha repeat": [], "beta on alpha's": [], "beta fresh": []}

@@ -26,7 +26,8 @@ def retry_delay(error: grpc.aio.AioRpcError) -> float | None:
             for detail in status_pb2.Status.FromString(value).details:
                 info = error_details_pb2.RetryInfo()
                 if detail.Unpack(info):
-                    return info.retry_delay.ToTimedelta().total_seconds()
+                    seconds: float = info.retry_delay.ToTimedelta().total_seconds()
+                    return seconds
     return None
 
 

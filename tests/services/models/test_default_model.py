@@ -34,7 +34,7 @@ def default_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running
     # user's cache folder) and is instant afterwards
     prepared = Path(mmgate("models", "prepare").strip())
     assert (prepared / "config.json").is_file()
-    server = start_server(tmp_path_factory.mktemp("default-model"), model=None)
+    server = start_server(tmp_path_factory.mktemp("default-model"), None)
     yield server
     assert server.stop() == 0, server.log()
 
