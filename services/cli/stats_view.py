@@ -6,6 +6,9 @@ GetStats counts the actor's lookups over all its stages together (prompt, respon
 embedding); per-stage and per-tier media hits are in the Prometheus metrics
 (``mmgate_cache_media_lookups_total``). The media row therefore shows the media pipeline's own
 work, and the actor's row its totals, rather than a media hit ratio GetStats cannot give.
+
+A caller who is not an admin gets its own tenant's figures only (docs/security.md): then the
+table shows those, and says the rest is an admin's.
 """
 
 from __future__ import annotations
@@ -24,7 +27,11 @@ def render_stats(stats: cache_pb2.GetStatsResponse) -> str:
     detail = f"hit {a.hits:,}, coalesced {a.coalesced:,}, miss {a.misses:,}"
     if a.tier_hits:
         detail += f" ({a.tier_hits:,} from the second tier)"
-    header = [("model", stats.model or "-"), ("media mode", stats.media_mode or "-")]
+    header = [
+        ("model", stats.model or "-"),
+        ("media mode", stats.media_mode or "-"),
+        ("tenant", stats.tenant or "-"),
+    ]
     levels = [
         ("level", "looked up", "hit", "ratio", ""),
         (
@@ -80,13 +87,32 @@ def render_stats(stats: cache_pb2.GetStatsResponse) -> str:
         ("KV cache usage", f"{e.kv_cache_usage:.1%}"),
         ("aborted", f"{e.aborted:,}"),
     ]
-    sections = [
-        _pairs(header),
-        "cache levels\n" + _columns(levels),
-        "media\n" + _pairs(media),
-        "actor health\n" + _pairs(health),
-        "engine\n" + _pairs(engine),
-    ]
+    tenants = [("tenant", "lookups", "hit ratio", "entries", "bytes", "of budget", "requests")]
+    for t in stats.tenants:
+        looked_up = t.hits + t.misses + t.coalesced
+        tenants.append(
+            (
+                t.tenant,
+                f"{looked_up:,}",
+                _ratio(t.hits + t.coalesced, looked_up),
+                f"{t.entries:,}",
+                _bytes(t.bytes),
+                _ratio(t.bytes, t.budget_bytes),
+                f"{t.active_requests:,} of {t.max_concurrent_requests:,}",
+            )
+        )
+    sections = [_pairs(header)]
+    if stats.HasField("actor"):
+        sections += [
+            "cache levels\n" + _columns(levels),
+            "media\n" + _pairs(media),
+            "actor health\n" + _pairs(health),
+        ]
+    else:
+        sections.append("cache levels\n  all tenants' figures: an admin's (docs/security.md)\n")
+    if stats.tenants:
+        sections.append("tenants\n" + _columns(tenants))
+    sections.append("engine\n" + _pairs(engine))
     return "\n".join(sections)
 
 

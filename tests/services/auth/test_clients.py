@@ -18,7 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from google.protobuf import json_format, message_factory
 
+from services.proto.mmgate.v1 import cache_pb2, inference_pb2
 from tests.services.auth.conftest import TOKENS, Pki
 from tests.support import RunningServer
 from tests.tls_support import Issued
@@ -36,7 +38,7 @@ EXAMPLES: dict[str, tuple[str, str]] = {
     found["name"]: (found["lang"], found["code"] + "\n")
     for found in _EXAMPLE.finditer(DOC.read_text("utf-8"))
 }
-# the examples each auth mode runs: those with credentials of their own name theirs
+# each auth mode runs the examples that take either credential, and those written for it
 COMMON = ("python-async", "python-sync", "node")
 BY_MODE = {mode: (*COMMON, f"cli-{mode}", f"grpcurl-{mode}") for mode in ("token", "mtls")}
 CASES = [(mode, name) for mode, names in BY_MODE.items() for name in names]
@@ -63,6 +65,30 @@ def test_the_doc_pins_the_node_packages_make_installs() -> None:
     found = re.search(r"^NODE_PACKAGES := (.+)$", makefile, re.M)
     assert found is not None, "no NODE_PACKAGES in the Makefile"
     assert f"npm install {found.group(1)}\n" in DOC.read_text("utf-8")
+
+
+@pytest.mark.parametrize("name", ["grpcurl-token", "grpcurl-mtls"])
+def test_the_grpcurl_examples_name_real_methods_and_messages(name: str) -> None:
+    """What runs only where grpcurl is installed, checked everywhere: each method it calls
+    exists, and each request body (-d) is the method's input message in protobuf's JSON."""
+    code = EXAMPLES[name][1]
+    calls = re.findall(r"(?:-d '(?P<body>[^']*)'[\s\\]+)?\"\$MMGATE_TARGET\" (?P<method>\S+)", code)
+    assert [method for _, method in calls] == [
+        "mmgate.v1.Inference/Complete",
+        "mmgate.v1.Cache/GetStats",
+    ], code
+    services = {
+        service.full_name: service
+        for module in (inference_pb2, cache_pb2)
+        for service in module.DESCRIPTOR.services_by_name.values()
+    }
+    for body, method in calls:
+        service, _, rpc = method.partition("/")
+        input_type = services[service].methods_by_name[rpc].input_type
+        message = message_factory.GetMessageClass(input_type)()
+        json_format.Parse(body or "{}", message)
+        if isinstance(message, inference_pb2.GenerateRequest):
+            assert message.sampling.max_tokens == 8, body
 
 
 def _environment(server: RunningServer, mode: str, pki: Pki, alpha_cert: Issued) -> dict[str, str]:
@@ -123,7 +149,9 @@ def _grpcurl_completion_and_tenant(output: str) -> tuple[str, str]:
         response, at = decoder.raw_decode(output, at)
         responses.append(response)
     complete, stats = responses
-    assert complete["final"]["usage"]["completionTokens"] > 0, output
+    # protobuf's JSON names (camel case), as grpcurl prints them; the .proto's names also taken
+    usage = complete["final"]["usage"]
+    assert usage.get("completionTokens", usage.get("completion_tokens", 0)) > 0, output
     return complete["text"], stats["tenant"]
 
 

@@ -103,13 +103,31 @@ def test_the_table_shows_the_actors_health_and_the_engine() -> None:
 
 
 def test_an_idle_server_has_no_ratio_and_a_dead_actor_says_so() -> None:
-    text = render_stats(pb.GetStatsResponse())
+    text = render_stats(pb.GetStatsResponse(actor=pb.ActorStats()))
     # nothing looked up yet is not a cache that never hits
     for level in ("page", "prefix", "actor"):
         assert row(text, level)[4] == "-", text
     assert row(text, "alive") == ["NO"]
     assert "breaker closed" in text
     assert text.endswith("\n")
+
+
+def test_a_tenant_sees_its_own_figures_and_no_others() -> None:
+    own = pb.TenantStats(
+        tenant="team-a",
+        hits=3,
+        misses=1,
+        entries=2,
+        bytes=2048,
+        budget_bytes=4096,
+        active_requests=1,
+        max_concurrent_requests=8,
+    )
+    text = render_stats(pb.GetStatsResponse(tenant="team-a", tenants=[own]))
+    assert row(text, "tenant") == ["team-a"]
+    assert row(text, "team-a") == ["4", "75.0%", "2", "2.0", "KiB", "50.0%", "1", "of", "8"]
+    assert "an admin's" in text
+    assert "alive" not in text  # the actor's health is all tenants': not shown
 
 
 def test_watch_options() -> None:
