@@ -54,7 +54,7 @@ def _entries_of(caller: Caller, named: str) -> str:
     if not named or named == caller.tenant:
         return caller.tenant
     if caller.admin:
-        return checked_label(named)
+        return checked_label(named, "tenant")
     # the same answer whether the other tenant holds the entry or not: nothing leaks
     raise EntryNotFound("no such entry")
 

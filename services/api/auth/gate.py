@@ -49,9 +49,14 @@ def current_caller() -> Caller:
     return _CALLER.get()
 
 
-def checked_label(tenant: str) -> str:
-    if len(tenant) > 64 or not tenant.replace("-", "").replace("_", "").isalnum():
-        raise InvalidRequest([Violation(TENANT_HEADER, "1 to 64 letters, digits, - and _")])
+def checked_label(tenant: str, field: str = TENANT_HEADER) -> str:
+    """A tenant's name as a caller wrote it (``field``: where, for the violation)."""
+    if (
+        len(tenant) > 64
+        or not tenant.replace("-", "").replace("_", "").isascii()
+        or not (tenant.replace("-", "").replace("_", "").isalnum())
+    ):
+        raise InvalidRequest([Violation(field, "1 to 64 letters, digits, - and _")])
     return tenant
 
 

@@ -5,7 +5,8 @@ callers: certificates made here (cryptography), tokens written to a tokens file.
   processor and prefix caches are live), auth mode token over TLS, a real redis-server as the
   second tier; tenants "alpha" and "beta", and "ops", an admin.
 - ``mtls_server``: the tiny text model, auth mode mtls (client certificates of one CA).
-- ``mesh_server``: the tiny text model, auth mode mesh (plaintext behind a sidecar).
+- ``mesh_server``: the tiny LLaVA in pixels mode, auth mode mesh (plaintext behind a sidecar),
+  as a single organisation runs it: media and prefixes shared by its tenants.
 """
 
 from __future__ import annotations
@@ -171,14 +172,17 @@ def xfcc(uri: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def mesh_server(
-    tmp_path_factory: pytest.TempPathFactory, tiny_model: str
-) -> Iterator[RunningServer]:
+def mesh_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    model = build_tiny_llava(tmp_path_factory.mktemp("models") / "tiny-llava")
     running = start_server(
         tmp_path_factory.mktemp("mesh-server"),
-        tiny_model,
+        str(model),
         MMGATE_AUTH__MODE="mesh",
         MMGATE_AUTH__IDENTITIES=json.dumps(MESH_IDENTITIES),
+        MMGATE_MEDIA__MODE="pixels",
+        MMGATE_TENANTS__SHARE_MEDIA="true",
+        MMGATE_TENANTS__SHARE_PREFIX="true",
+        MMGATE_ENGINE__MAX_MODEL_LEN="2048",
     )
     yield running
     assert running.stop() == 0, running.log()

@@ -155,13 +155,23 @@ def _grpcurl_completion_and_tenant(output: str) -> tuple[str, str]:
     return complete["text"], stats["tenant"]
 
 
-def _cli_completion(output: str) -> str:
-    """``mmgate generate`` prints the completion; ``mmgate stats`` a table headed by the model."""
+def _cli_completion_and_tenant(output: str) -> tuple[str, str]:
+    """``mmgate generate`` prints the completion; ``mmgate stats`` a table headed by the model,
+    the media mode and the caller's tenant."""
     text, header, table = output.partition("  model ")
     assert header, output
     assert table.split("\n", 1)[0].strip() not in ("", "-"), output
     assert "cache levels" in table, output
-    return text
+    found = re.search(r"^  tenant +(\S+)$", table, re.M)
+    assert found is not None, output
+    return text, found.group(1)
+
+
+# how each kind of example prints the completion and the tenant
+OUTPUTS: dict[str, Callable[[str], tuple[str, str]]] = {
+    "cli": _cli_completion_and_tenant,
+    "grpcurl": _grpcurl_completion_and_tenant,
+}
 
 
 @pytest.mark.parametrize(("mode", "name"), CASES, ids=[f"{m}-{n}" for m, n in CASES])
@@ -187,15 +197,7 @@ def test_example_runs_as_documented(
     )
     shown = f"{name} in mode {mode}: rc {done.returncode}\n{done.stdout}\n{done.stderr}"
     assert done.returncode == 0, shown
-    if name.startswith("cli-"):
-        # the tenant is not in `mmgate stats`' table; the other examples show it
-        text = _cli_completion(done.stdout)
-    else:
-        parse: Callable[[str], tuple[str, str]] = (
-            _grpcurl_completion_and_tenant
-            if name.startswith("grpcurl-")
-            else _printed_completion_and_tenant
-        )
-        text, tenant = parse(done.stdout)
-        assert tenant == "alpha", shown
+    parse = OUTPUTS.get(name.partition("-")[0], _printed_completion_and_tenant)
+    text, tenant = parse(done.stdout)
+    assert tenant == "alpha", shown
     assert text.strip(), f"no completion text: {shown}"
