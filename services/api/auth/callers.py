@@ -98,9 +98,10 @@ class TokenAuth:
 class _Identities(_Fixed):
     def __init__(self, identities: Mapping[str, Grant]) -> None:
         self.identities = dict(identities)
+        self._tenants = frozenset(g.tenant for g in self.identities.values() if g.role == "tenant")
 
     def tenants(self) -> frozenset[str]:
-        return frozenset(g.tenant for g in self.identities.values() if g.role == "tenant")
+        return self._tenants
 
 
 @final

@@ -47,15 +47,18 @@ class TokenTable:
         self.file = file
         self._fixed = _checked(fixed, "MMGATE_AUTH__TOKENS")
         self._stamp: tuple[int, int] | None = None
-        self._table: dict[str, Grant] = dict(self._fixed)
+        self._table: dict[str, Grant] = {}
+        self._tenants: frozenset[str] = frozenset()
         self.reloads = 0
         self.reload_failures = 0
-        if file is not None:
-            self._table = {
-                **self._read(file),
-                **self._fixed,
-            }  # a bad file at start: refuse to start
-            self._stamp = self._file_stamp()
+        # a bad file at start: refuse to start
+        self._use({**self._read(file), **self._fixed} if file is not None else dict(self._fixed))
+        self._stamp = self._file_stamp()
+
+    def _use(self, table: dict[str, Grant]) -> None:
+        self._table = table
+        # read on every request (the fair share): derived once per load, not per call
+        self._tenants = frozenset(g.tenant for g in table.values() if g.role == "tenant")
 
     def _file_stamp(self) -> tuple[int, int] | None:
         try:
@@ -89,7 +92,7 @@ class TokenTable:
             self._stamp = stamp  # logged once per change, not once per poll
             log.error("%s; keeping the %d tokens loaded before", exc, len(self._table))
             return False
-        self._table = {**table, **self._fixed}
+        self._use({**table, **self._fixed})
         self._stamp = stamp
         self.reloads += 1
         log.info("tokens reloaded from %s: %d tokens", self.file, len(self._table))
@@ -106,7 +109,7 @@ class TokenTable:
         return found
 
     def tenants(self) -> frozenset[str]:
-        return frozenset(g.tenant for g in self._table.values() if g.role == "tenant")
+        return self._tenants
 
 
 def _reason(exc: Exception) -> str:
