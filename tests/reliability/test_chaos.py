@@ -91,7 +91,7 @@ async def test_faults_and_a_rude_client_leave_nothing_behind(
     plans = [workload.next() for _ in range(requests)]
     async with (
         server.client(timeout=60.0) as calm,
-        server.client(tenant=CHAOS_TENANT, timeout=TIMEOUT_SECONDS) as chaos,
+        server.client(tenant=CHAOS_TENANT, timeout=TIMEOUT_SECONDS, retries=False) as chaos,
     ):
         # the answers without faults: what every whole answer under chaos must equal
         polite = dataclasses.replace(MIX, cancel_ratio=0.0, short_deadline_ratio=0.0)

@@ -43,7 +43,7 @@ async def stream(client: MmgateClient, prompt: str, policy: str, started: asynci
 @pytest.mark.ends_server
 async def test_sigterm_under_load_loses_nothing(llava_server: RunningServer) -> None:
     server = llava_server
-    async with server.client(timeout=120.0) as client:
+    async with server.client(timeout=120.0, retries=False) as client:
         tag = uuid.uuid4().hex[:8]
         prompts = [(f"Drain {tag} stream {i}", "prompt") for i in range(STREAMS)]
         prompts += [(f"Drain {tag} shared {i % 4}", "response") for i in range(SHARED)]

@@ -50,7 +50,7 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 @pytest.fixture
 async def client(chaos_server: RunningServer) -> AsyncIterator[MmgateClient]:
-    async with chaos_server.client(timeout=60.0) as client:
+    async with chaos_server.client(timeout=60.0, retries=False) as client:
         yield client
 
 
@@ -67,7 +67,7 @@ async def test_a_flight_that_never_finishes_is_reported_cancelled_and_leaves_not
     stall_results: StallResults,
 ) -> None:
     image = Workload(Mix(image_ratio=1.0, image_repeat=0.0, seed=41)).next().request
-    async with chaos_server.client(tenant=STALL_TENANT, timeout=60.0) as stalled:
+    async with chaos_server.client(tenant=STALL_TENANT, timeout=60.0, retries=False) as stalled:
         before = (await client.stats()).actor
         sent = time.monotonic()
         call = asyncio.ensure_future(stalled.complete_request(image, timeout=8.0))
@@ -143,7 +143,7 @@ async def test_a_blocked_loop_is_seen_from_a_thread_and_recovers(
                 seen["gauge"] = time.monotonic() - seen["sent"]
                 return
 
-    async with chaos_server.client(tenant=BLOCK_TENANT, timeout=60.0) as blocking:
+    async with chaos_server.client(tenant=BLOCK_TENANT, timeout=60.0, retries=False) as blocking:
         seen["sent"] = time.monotonic()
         scraper = threading.Thread(target=scrape_until_blocked)
         scraper.start()

@@ -39,6 +39,11 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     bench.add_argument("--tenant", help="the x-mmgate-tenant header of every request")
     arguments.add_credentials(bench)
     bench.add_argument(
+        "--no-retries",
+        action="store_true",
+        help="see every UNAVAILABLE: no grpc retry of calls that got no answer (reliability runs)",
+    )
+    bench.add_argument(
         "--timeout",
         metavar="SECONDS",
         type=arguments.positive,
@@ -207,7 +212,15 @@ def main(args: argparse.Namespace) -> int:
     )
     progress = not args.no_progress and sys.stderr.isatty()
     outcomes, summary = asyncio.run(
-        _bench(args.target, args.tenant, arguments.credentials(args), mix, limits, progress)
+        _bench(
+            args.target,
+            args.tenant,
+            arguments.credentials(args),
+            not args.no_retries,
+            mix,
+            limits,
+            progress,
+        )
     )
     sys.stdout.write(render(summary, args.target))
     if args.json is not None:
@@ -228,6 +241,7 @@ async def _bench(
     target: str,
     tenant: str | None,
     credentials: Credentials,
+    retries: bool,
     mix: Mix,
     limits: Limits,
     progress: bool,
@@ -240,7 +254,11 @@ async def _bench(
     cpu = time.process_time()
     try:
         async with MmgateClient(
-            target, tenant=tenant, credentials=credentials, timeout=limits.timeout
+            target,
+            tenant=tenant,
+            credentials=credentials,
+            timeout=limits.timeout,
+            retries=retries,
         ) as client:
             outcomes, dropped, wall = await run(
                 client,

@@ -1,0 +1,326 @@
+"""mmgate replicas behind a real L7 proxy, as the mesh runs them in a cluster, on one machine:
+Debian's nginx hashing on x-mmgate-affinity (deploy/proxy/nginx.conf), real `mmgate serve`
+replicas on the tiny LLaVA (embeddings mode), one real redis-server shared by them.
+
+`make test` runs the smoke form: two replicas, affinity, and one fail-over (a replica SIGKILLed in
+the middle of a load). `make mesh` (MMGATE_MESH=1) runs the full suite: three replicas, the
+fail-over, a rolling restart under load, and a trace through the proxy. Each test writes its
+figures to build/mesh/<test>.json; docs/deploy.md quotes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import signal
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import pytest_asyncio
+
+from services.cli.bench.load import Limits, Outcome, one, run
+from services.cli.bench.workload import Mix, Workload
+from services.client import MmgateClient
+from services.models import build_tiny_llava
+from services.proto.mmgate.v1 import inference_pb2
+from tests.deploy.proxy import Nginx, wait_reloaded
+from tests.redis_support import RedisProcess, redis_server
+from tests.services.imagegen import png
+from tests.services.otlp_receiver import OtlpReceiver
+from tests.support import ROOT, RunningServer, start_server, wait_serving
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+FULL = os.environ.get("MMGATE_MESH") == "1"
+REPLICAS = 3 if FULL else 2
+RESULTS = ROOT / "build" / "mesh"
+IMAGES = [png(7100 + i) for i in range(12)]
+QUESTION = "<image> Describe the picture."
+
+
+def record(name: str, figures: dict[str, Any]) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps({"replicas": REPLICAS, **figures}, indent=2))
+
+
+@pytest.fixture(scope="module")
+def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
+    server = redis_server(tmp_path_factory.mktemp("mesh-redis"))
+    yield server
+    server.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def otlp() -> AsyncIterator[OtlpReceiver]:
+    """Jaeger's stand-in: an OTLP receiver the replicas export their spans to (make mesh)."""
+    receiver = OtlpReceiver()
+    await receiver.start()
+    yield receiver
+    await receiver.stop()
+
+
+class Replicas:
+    """The replicas, started (and restarted) with the same settings."""
+
+    def __init__(self, directory: Path, model: Path, redis_url: str, tracing: str | None) -> None:
+        self.directory, self.model = directory, model
+        self.settings = {
+            "MMGATE_MEDIA__MODE": "embeddings",
+            "MMGATE_ENGINE__DTYPE": "float32",
+            "MMGATE_ENGINE__KV_CACHE_MEMORY_BYTES": str(64 << 20),
+            "MMGATE_REDIS__URL": redis_url,
+            "MMGATE_SHUTDOWN_GRACE_SECONDS": "30",
+        }
+        if tracing is not None:
+            self.settings["MMGATE_TRACING__ENDPOINT"] = tracing
+        self.servers: list[RunningServer] = []
+
+    def start(self, index: int) -> RunningServer:
+        logs = self.directory / f"replica-{index}-{secrets.token_hex(3)}"
+        logs.mkdir()
+        return start_server(
+            logs,
+            str(self.model),
+            VLLM_CPU_OMP_THREADS_BIND=str(index % 2),
+            **self.settings,
+        )
+
+
+@pytest.fixture(scope="module")
+def replicas(
+    tmp_path_factory: pytest.TempPathFactory, redis: RedisProcess, otlp: OtlpReceiver
+) -> Iterator[Replicas]:
+    model = build_tiny_llava(tmp_path_factory.mktemp("models") / "tiny-llava")
+    directory = tmp_path_factory.mktemp("replicas")
+    # traces only in the full suite, whose tracing test reads them
+    tracing = f"127.0.0.1:{otlp.port}" if FULL else None
+    group = Replicas(directory, model, redis.url, tracing)
+    try:
+        # engines start at once: the proxy test waits for the slowest, not for the sum
+        with ThreadPoolExecutor(REPLICAS) as pool:
+            group.servers = list(pool.map(group.start, range(REPLICAS)))
+        yield group
+    finally:
+        for server in group.servers:
+            if server.process.poll() is None:
+                server.stop()
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory: pytest.TempPathFactory, replicas: Replicas) -> Iterator[Nginx]:
+    nginx = Nginx(tmp_path_factory.mktemp("nginx"), [s.port for s in replicas.servers]).start()
+    try:
+        wait_serving(nginx.target, 60)
+        yield nginx
+    finally:
+        nginx.stop()
+
+
+async def ask(client: MmgateClient, data: bytes) -> inference_pb2.CompleteResponse:
+    return await client.complete(QUESTION, images=[data], max_tokens=2, temperature=0.0)
+
+
+async def holders(replicas: Replicas, data: bytes) -> list[int]:
+    """The replicas (by index) whose memory holds the image's encoder output."""
+    from services.client import digest_of
+
+    held = []
+    for index, server in enumerate(replicas.servers):
+        if server.process.poll() is not None:
+            continue
+        async with server.client(timeout=30.0) as direct:
+            entry = await direct.inspect(digest=digest_of(data))
+        if any(s.stage == "embedding" and s.state == "stored" for s in entry.stages):
+            held.append(index)
+    return held
+
+
+async def test_the_same_image_meets_the_same_replica_and_images_spread(
+    replicas: Replicas, proxy: Nginx
+) -> None:
+    async with MmgateClient(proxy.target, timeout=120.0) as client:
+        first = [await ask(client, data) for data in IMAGES]
+        again = [await ask(client, data) for data in IMAGES]
+    # every repeat was a hit in memory: it met the replica that had encoded it
+    assert [r.final.cache.images[0].outcome for r in first] == ["miss"] * len(IMAGES)
+    assert {(r.final.cache.images[0].outcome, r.final.cache.images[0].tier) for r in again} == {
+        ("hit", "memory")
+    }
+    held = [await holders(replicas, data) for data in IMAGES]
+    assert all(len(h) == 1 for h in held), held  # one replica each: none was encoded twice
+    spread = Counter(h[0] for h in held)
+    assert len(spread) == REPLICAS, spread  # different images, over every replica
+    record("affinity", {"images": len(IMAGES), "per_replica": dict(sorted(spread.items()))})
+
+
+FULL_ONLY = pytest.mark.skipif(
+    not FULL, reason="make mesh: three replicas, restarted in turn, take minutes (MMGATE_MESH=1)"
+)
+
+
+@FULL_ONLY
+async def test_the_replicas_span_has_the_clients_span_as_its_parent(
+    replicas: Replicas, proxy: Nginx, otlp: OtlpReceiver
+) -> None:
+    """The proxy makes no span of its own: the W3C context the client sends reaches the
+    replica, whose server span is the client span's child."""
+    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
+    async with MmgateClient(proxy.target, timeout=120.0) as client:
+        client.metadata = (*client.metadata, ("traceparent", f"00-{trace_id}-{span_id}-01"))
+        await ask(client, IMAGES[0])
+
+    def arrived(spans: list[Any]) -> bool:
+        return any(s.trace_id == trace_id and s.parent_id == span_id for s in spans)
+
+    spans = await otlp.until(arrived, timeout=60)
+    server = next(s for s in spans if s.trace_id == trace_id and s.parent_id == span_id)
+    in_trace = [s for s in spans if s.trace_id == trace_id]
+    record("tracing", {"server_span": server.name, "spans_in_trace": len(in_trace)})
+    assert "Complete" in server.name
+    assert any(s.name == "cache.lookup" for s in in_trace)
+
+
+@FULL_ONLY
+async def test_a_rolling_restart_under_load_fails_no_call(replicas: Replicas, proxy: Nginx) -> None:
+    """Each replica in turn: out of the proxy's pool first (what Kubernetes' endpoint removal
+    does), then SIGTERM (it drains), started again, back in the pool; the load never stops."""
+    mix = Mix(image_ratio=0.5, image_repeat=0.8, working_set=12, max_tokens=24, seed=9)
+    workload = Workload(mix)
+    outcomes: list[Outcome] = []
+    stop = asyncio.Event()
+    timings: list[dict[str, float]] = []
+
+    async def worker(client: MmgateClient) -> None:
+        began = time.perf_counter()
+        while not stop.is_set():
+            outcomes.append(await one(client, workload.next(), began, 120.0))
+
+    async with MmgateClient(proxy.target, timeout=120.0) as client:
+        workers = [asyncio.ensure_future(worker(client)) for _ in range(4)]
+        for index in range(REPLICAS):
+            old = replicas.servers[index]
+            started = time.monotonic()
+            reroute = await wait_reloaded(proxy, proxy.reload(down={old.port}))
+            assert await asyncio.to_thread(old.stop) == 0, old.log()
+            drained = time.monotonic() - started
+            new = await asyncio.to_thread(replicas.start, index)
+            replicas.servers[index] = new
+            proxy.backends[index] = new.port
+            await wait_reloaded(proxy, proxy.reload(down=set()))
+            timings.append({"out_of_pool_s": round(reroute, 2), "drained_s": round(drained, 2)})
+        stop.set()
+        await asyncio.gather(*workers)
+    codes = Counter(o.code for o in outcomes)
+    record("rolling_restart", {"requests": len(outcomes), "codes": dict(codes), "turns": timings})
+    assert set(codes) == {"OK"}, codes
+
+
+async def test_a_killed_replica_fails_only_its_calls_in_flight(
+    replicas: Replicas, proxy: Nginx
+) -> None:
+    """SIGKILL one replica a third of the way into a load. Its images go to the others, which
+    serve them from Redis without running the encoder; streams it was answering fail
+    UNAVAILABLE; unary calls and streams that had not begun are retried by the client."""
+    placement = {i: (await holders(replicas, data)) for i, data in enumerate(IMAGES)}
+    if not all(placement.values()):  # run alone: place the images first
+        async with MmgateClient(proxy.target, timeout=120.0) as client:
+            for data in IMAGES:
+                await ask(client, data)
+        placement = {i: (await holders(replicas, data)) for i, data in enumerate(IMAGES)}
+    load = Counter(h[0] for h in placement.values())
+    victim_index = load.most_common(1)[0][0]
+    victim = replicas.servers[victim_index]
+    orphans = [IMAGES[i] for i, h in placement.items() if h == [victim_index]]
+    survivors = [s for s in replicas.servers if s is not victim]
+    tier_hits_before = [await tier_hits(s) for s in survivors]
+    encodes_before = [await encodes(s) for s in survivors]
+
+    requests = 240 if FULL else 120
+    done = 0
+    killed = asyncio.Event()
+    killed_at = 0.0
+
+    def on_done(outcome: Outcome) -> None:
+        nonlocal done, killed_at
+        done += 1
+        if done == requests // 3 and not killed.is_set():
+            victim.process.send_signal(signal.SIGKILL)
+            killed_at = time.monotonic()
+            killed.set()
+
+    unary: list[tuple[bool, str, str]] = []  # after the kill: (image orphaned, code, tier)
+
+    async def unary_loop(client: MmgateClient) -> None:
+        turn = 0
+        while not stop.is_set():
+            data = IMAGES[turn % len(IMAGES)]
+            turn += 1
+            try:
+                response = await ask(client, data)
+                code, tier = "OK", response.final.cache.images[0].tier
+            except grpc.aio.AioRpcError as error:  # counted: the figures say which
+                code, tier = error.code().name, ""
+            if killed.is_set():
+                unary.append((data in orphans, code, tier))
+
+    stop = asyncio.Event()
+    mix = Mix(image_ratio=0.5, image_repeat=0.8, working_set=12, max_tokens=24, seed=4)
+    async with MmgateClient(proxy.target, timeout=120.0) as client:
+        looping = asyncio.ensure_future(unary_loop(client))
+        outcomes, _, wall = await run(
+            client, Workload(mix), Limits(requests=requests, concurrency=6), on_done=on_done
+        )
+        stop.set()
+        await looping
+        # after the load: each of the dead replica's images once more, from a survivor
+        after = [await ask(client, data) for data in orphans]
+    victim.process.wait(timeout=30)
+
+    streams = Counter(o.code for o in outcomes)
+    failed_streams = [o for o in outcomes if o.code != "OK"]
+    unary_codes = Counter(code for _, code, _ in unary)
+    orphan_tiers = Counter(tier for orphan, code, tier in unary if orphan and code == "OK")
+    tier_hits_after = [await tier_hits(s) for s in survivors]
+    encodes_after = [await encodes(s) for s in survivors]
+    figures = {
+        "requests": requests,
+        "streams": dict(streams),
+        "unary_after_kill": dict(unary_codes),
+        "orphaned_images": len(orphans),
+        "orphan_tiers_after_kill": dict(orphan_tiers),
+        "survivor_tier_hits": sum(tier_hits_after) - sum(tier_hits_before),
+        "wall_seconds": round(wall, 2),
+    }
+    record("failover", figures)
+    # only streams the dead replica was answering failed, each UNAVAILABLE
+    assert {o.code for o in failed_streams} <= {"UNAVAILABLE"}, figures
+    assert len(failed_streams) <= 6, figures  # at most the load's concurrency was in flight
+    # every unary call succeeded: those in flight on the dead replica were retried
+    assert set(unary_codes) == {"OK"}, figures
+    # the dead replica's images came from Redis, not from the encoder
+    assert orphans, placement
+    assert all(r.final.cache.images[0].tier in ("redis", "memory") for r in after), figures
+    assert "redis" in orphan_tiers or any(r.final.cache.images[0].tier == "redis" for r in after)
+    assert sum(tier_hits_after) - sum(tier_hits_before) >= len(orphans), figures
+    # the survivors encoded no orphan: their encoder ran for the load's own new images only
+    new_images = {o.index for o in outcomes if o.kind == "image"}
+    assert sum(encodes_after) - sum(encodes_before) <= len(new_images), figures
+    assert killed_at > 0
+
+
+async def tier_hits(server: RunningServer) -> int:
+    async with server.client(timeout=30.0) as direct:
+        return (await direct.stats()).actor.tier_hits
+
+
+async def encodes(server: RunningServer) -> int:
+    async with server.client(timeout=30.0) as direct:
+        return (await direct.stats()).media.encodes
