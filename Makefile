@@ -123,7 +123,7 @@ bench: bench-cache bench-service bench-images bench-observability
 # the full multi-replica suite: three replicas behind the proxy, fail-over, rolling restart,
 # tracing through the proxy (its two-replica smoke test runs in make test)
 mesh: $(STAMP) redis-server proxies
-	MMGATE_MESH=1 $(BIN)/python -m pytest tests/deploy/test_replicas.py --timeout 1800
+	MMGATE_MESH=1 $(BIN)/python -m pytest tests/deploy/test_replicas.py --timeout 1800 -p no:hypothesispytest
 
 # the reliability suites' long forms (tests/reliability; their short forms run in make test)
 soak: $(STAMP)
