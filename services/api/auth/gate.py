@@ -51,11 +51,8 @@ def current_caller() -> Caller:
 
 def checked_label(tenant: str, field: str = TENANT_HEADER) -> str:
     """A tenant's name as a caller wrote it (``field``: where, for the violation)."""
-    if (
-        len(tenant) > 64
-        or not tenant.replace("-", "").replace("_", "").isascii()
-        or not (tenant.replace("-", "").replace("_", "").isalnum())
-    ):
+    core = tenant.replace("-", "").replace("_", "")
+    if len(tenant) > 64 or not (core.isascii() and core.isalnum()):
         raise InvalidRequest([Violation(field, "1 to 64 letters, digits, - and _")])
     return tenant
 
@@ -102,8 +99,9 @@ class AuthGate(WatchingInterceptor):
         self.authenticator.reload()
 
     def start(self, interval: float) -> None:
-        """Poll credential files for changes (a Kubernetes Secret update sends no signal)."""
-        if self._watch is None:
+        """Poll credential files for changes (a Kubernetes Secret update sends no signal);
+        nothing to poll where the credentials come from no file."""
+        if self._watch is None and self.authenticator.mode == "token":
             self._watch = asyncio.ensure_future(self._poll(interval))
 
     async def _poll(self, interval: float) -> None:
