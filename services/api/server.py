@@ -64,6 +64,8 @@ log = logging.getLogger("mmgate.server")
 INFERENCE = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
 CACHE = cache_pb2.DESCRIPTOR.services_by_name["Cache"].full_name
 HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+# how long finished calls get to flush their last bytes once the drain is over
+FLUSH_SECONDS = 0.5
 
 
 def open_services(settings: AuthSettings) -> frozenset[str]:
@@ -323,10 +325,14 @@ class MmgateServer:
         log.info("shutting down: %g s for calls in flight", grace)
         await self.monitor.stop()
         await self.auth.stop()
-        if not await self.inference.drain(grace):
+        drained = await self.inference.drain(grace)
+        if not drained:
             log.warning("grace period over with %d requests in flight", self.inference.active)
-        # whatever is left (a stream past the grace period, a health Watch) is cancelled now
-        await self.server.stop(0)
+        # whatever is left (a stream past the grace period, a health Watch) is cancelled now;
+        # after a drain, a moment first: a stream whose handler has just returned may not have
+        # flushed its last messages and status, which a close at once cuts off (the client saw
+        # "Stream removed" for a stream mmgate had finished)
+        await self.server.stop(FLUSH_SECONDS if drained else 0)
         await self.pipeline.close()
         await self.engine.close()
         await self.cache.aclose()

@@ -19,7 +19,7 @@ from services.proto.mmgate.v1 import inference_pb2 as pb
 from tests.redis_support import RedisProcess
 from tests.services.auth.conftest import Pki, as_tenant
 from tests.services.imagegen import png
-from tests.support import RunningServer
+from tests.support import RunningServer, eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -123,10 +123,12 @@ async def test_shared_responses_and_redis_entries_are_per_tenant(
         assert not theirs.final.cache.response_from_cache  # ...and beta does not get alpha's
         assert theirs.text == first.text
 
-    # in Redis too, each tenant's entries under its own name
-    keys = tenants_redis.cli("--scan", "--pattern", "mmgate:*").split()
-    tenants_in_keys = {key.split(":")[2] for key in keys}
-    assert {"alpha", "beta"} <= tenants_in_keys, keys
+    # in Redis too, each tenant's entries under its own name (written back after the answer)
+    async def both_written() -> bool:
+        keys = tenants_redis.cli("--scan", "--pattern", "mmgate:*").split()
+        return {"alpha", "beta"} <= {key.split(":")[2] for key in keys}
+
+    await eventually(both_written, timeout=10)
 
 
 async def test_beta_gets_no_cached_prefix_of_alphas_prompt(
