@@ -10,6 +10,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 
+def hit_ratio(hits: int, coalesced: int, misses: int) -> float:
+    """Share of served lookups that needed no new computation (hits and joins); 0 when idle."""
+    total = hits + coalesced + misses
+    return (hits + coalesced) / total if total else 0.0
+
+
 @dataclass(slots=True)
 class Counters:
     """Monotonic counts, owned and updated by the actor only."""
@@ -82,9 +88,7 @@ class CacheStats:
 
     @property
     def hit_ratio(self) -> float:
-        """Share of served lookups that needed no new computation (hits and joins); 0 when idle."""
-        total = self.lookups
-        return (self.hits + self.coalesced) / total if total else 0.0
+        return hit_ratio(self.hits, self.coalesced, self.misses)
 
 
 EntryState = Literal["stored", "in_flight", "absent"]

@@ -11,6 +11,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import final
 
+from .stats import hit_ratio
+
 
 @final
 @dataclass(slots=True)
@@ -41,8 +43,7 @@ class TenantStats:
 
     @property
     def hit_ratio(self) -> float:
-        total = self.hits + self.misses + self.coalesced
-        return (self.hits + self.coalesced) / total if total else 0.0
+        return hit_ratio(self.hits, self.coalesced, self.misses)
 
 
 @final

@@ -195,15 +195,14 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
             key, digest = _target(request.key, request.digest)
             tenant = _entries_of(current_caller(), request.tenant)
             media_tenant = self.pipeline.isolation.media_tenant(tenant)
-            # (tenant, stage, key): an image's keys by stage; a raw key may be in any stage
-            keys = (
-                [(tenant, None, key)]
-                + ([(media_tenant, None, key)] if media_tenant != tenant else [])
-                if key
-                else [
-                    (media_tenant, s, k) for s, k in self.pipeline.media.stage_keys(digest).items()
-                ]
-            )
+            # (tenant, stage, key): an image's keys by stage, in the images' namespace; a raw
+            # key may be in any stage, in the tenant's namespace or (media shared) the shared one
+            keys: list[tuple[str, str | None, str]]
+            if key:
+                keys = [(t, None, key) for t in dict.fromkeys((tenant, media_tenant))]
+            else:
+                stages = self.pipeline.media.stage_keys(digest).items()
+                keys = [(media_tenant, stage, k) for stage, k in stages]
             removed = [
                 await self.cache.invalidate(k, tenant=t, stage=stage) for t, stage, k in keys
             ]

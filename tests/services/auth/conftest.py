@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pytest
 
 from services.api.auth import token_digest
@@ -41,6 +42,13 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     directory = tmp_path_factory.mktemp("pki")
     ca = CertificateAuthority(directory)
     return Pki(ca, ca.issue("server", "mmgate", server=True), directory)
+
+
+async def refused(call: object) -> grpc.aio.AioRpcError:
+    """The error a call ends with; fails the test if it succeeds."""
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call  # type: ignore[misc]
+    return caught.value
 
 
 def write_tokens(path: Path, grants: dict[str, object]) -> None:

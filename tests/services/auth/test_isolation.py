@@ -17,7 +17,7 @@ from PIL import Image
 from services.client import MmgateClient, error_reason
 from services.proto.mmgate.v1 import inference_pb2 as pb
 from tests.redis_support import RedisProcess
-from tests.services.auth.conftest import Pki, as_tenant
+from tests.services.auth.conftest import Pki, as_tenant, refused
 from tests.services.imagegen import png
 from tests.support import RunningServer, eventually
 
@@ -36,12 +36,6 @@ def photo(seed: int, side: int = 2400) -> bytes:
     out = io.BytesIO()
     image.save(out, format="JPEG", quality=90)
     return out.getvalue()
-
-
-async def refused(call: object) -> grpc.aio.AioRpcError:
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await call  # type: ignore[misc]
-    return caught.value
 
 
 async def test_every_cache_rpc_keeps_tenants_apart(token_server: RunningServer, pki: Pki) -> None:

@@ -15,7 +15,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from services.client import Credentials, MmgateClient, error_reason
 from services.proto.mmgate.v1 import cache_pb2
 from services.wire import TENANT_HEADER
-from tests.services.auth.conftest import TOKEN_GRANTS, TOKENS, Pki, as_tenant, write_tokens
+from tests.services.auth.conftest import TOKEN_GRANTS, TOKENS, Pki, as_tenant, refused, write_tokens
 from tests.support import RunningServer, eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -23,12 +23,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 def client(server: RunningServer, credentials: Credentials, **kwargs: object) -> MmgateClient:
     return MmgateClient(server.target, credentials=credentials, timeout=60.0, **kwargs)  # type: ignore[arg-type]
-
-
-async def refused(call: object) -> grpc.aio.AioRpcError:
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await call  # type: ignore[misc]
-    return caught.value
 
 
 @pytest.mark.parametrize(
