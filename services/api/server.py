@@ -35,6 +35,7 @@ from grpc_reflection.v1alpha import reflection
 from cache_actor import CacheActor
 
 from ..config import AuthSettings, RedisSettings, Settings
+from ..engine.dtypes import VERDICTS_FILE, Verdicts
 from ..engine.encoder import VisionEncoder
 from ..engine.shrink import ProcessorShrink
 from ..engine.values import VERSION as VALUE_FORMAT
@@ -143,6 +144,8 @@ class MmgateServer:
             tier=self.tier,
         )
         self.engine = EngineWorker(settings.engine, model)
+        # dtype=auto's evidence lives beside the converted models (services/engine/dtypes.py)
+        self.engine.verdicts = Verdicts(settings.model_cache / VERDICTS_FILE)
         self.health = HealthServicer()
         self.monitor = HealthMonitor(
             settings.health, self.health, self.cache, self.engine, (INFERENCE, CACHE)

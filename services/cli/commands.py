@@ -8,6 +8,7 @@ mmgate bench [--concurrency N | --rate R] (--requests N | --duration S) [--json 
 mmgate models prepare [--cache DIR]
 mmgate models tiny PATH [--seed N]          a tiny random Llama (tests)
 mmgate models tiny-llava PATH [--seed N]    a tiny random LLaVA (multimodal tests)
+mmgate models vitl-llava PATH [--seed N]    a random LLaVA, ViT-L/14-336-sized tower (benchmarks)
 """
 
 from __future__ import annotations
@@ -127,11 +128,18 @@ def _models(args: argparse.Namespace) -> int:
         path = models.build_tiny_model(Path(args.path), seed=args.seed)
     elif args.models_command == "tiny-llava":
         path = models.build_tiny_llava(Path(args.path), seed=args.seed)
+    elif args.models_command == "vitl-llava":
+        path = models.build_vitl_llava(Path(args.path), seed=args.seed)
     else:
         from ..config import Settings
 
         cache = Path(args.cache) if args.cache else Settings().model_cache
         path = models.prepare_default_model(cache)
+        # dtype=auto on this CPU, by evidence: a known-answer check in bfloat16 the first time
+        from ..engine.dtypes import VERDICTS_FILE, Verdicts, settle_auto_dtype
+
+        choice = settle_auto_dtype(str(path), Verdicts(cache / VERDICTS_FILE))
+        sys.stderr.write(f"dtype=auto serves {choice.dtype} here: {choice.reason}\n")
     sys.stdout.write(f"{path}\n")
     return 0
 
@@ -178,7 +186,11 @@ def _parser() -> argparse.ArgumentParser:
     model_commands = models.add_subparsers(dest="models_command", required=True)
     prepare = model_commands.add_parser("prepare", help="convert the embedded default model")
     prepare.add_argument("--cache", help="folder for converted models")
-    for name, what in (("tiny", "a tiny random Llama"), ("tiny-llava", "a tiny random LLaVA")):
+    for name, what in (
+        ("tiny", "a tiny random Llama"),
+        ("tiny-llava", "a tiny random LLaVA"),
+        ("vitl-llava", "a random LLaVA with a ViT-L/14-336-sized vision tower"),
+    ):
         build = model_commands.add_parser(name, help=f"build {what} for tests, once")
         build.add_argument("path", help="the model folder to write")
         build.add_argument("--seed", type=int, default=0, help="fixes the random weights")

@@ -26,6 +26,10 @@ class Engine(Protocol):
     @property
     def tokenizer(self) -> Any: ...
 
+    def tokenizer_copy(self) -> Any:
+        """A copy of the tokenizer that one thread may use alone."""
+        ...
+
     def generate(self, request: EngineRequest) -> AsyncGenerator[EngineDelta, None]: ...
 
 

