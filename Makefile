@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(ENGINE)
 HOST ?= 127.0.0.1
 PORT ?= 50051
 
-.PHONY: all install test lint typecheck architecture unit proto manifests serve mesh bench bench-cache bench-service bench-images bench-observability soak reliability-report clean
+.PHONY: all install test lint typecheck architecture unit proto manifests serve mesh bench bench-cache bench-growth bench-service bench-images bench-image-repeats bench-observability bench-plots soak reliability-report clean
 
 all: test
 
@@ -106,19 +106,56 @@ serve: $(STAMP)
 	$(BIN)/mmgate models prepare
 	$(BIN)/mmgate serve --host $(HOST) --port $(PORT)
 
-bench-cache: $(STAMP)
-	$(BIN)/python -m bench.cache_actor
+# make bench: every benchmark, full size, figures in build/bench/*.json and plots in docs/images
+# (docs/benchmarks.md states its wall time); make bench QUICK=1: tiny models and short runs only
+QUICK ?=
+FIGURES := build/bench
+ifeq ($(QUICK),1)
+CACHE_ARGS := --lookups 2000 --repeats 1
+GROWTH_ARGS := --sizes 1000 10000 --lookups 2000 --outputs 100
+REPEATS_ARGS := --model tiny --requests 10 --repeats 0.9 --layouts shared --contenders mmgate vllm-base64
+else
+CACHE_ARGS :=
+GROWTH_ARGS := --large
+REPEATS_ARGS := --model tiny
+endif
+TEXT_ARGS := --cache-policy prompt --loops 2 --warmup 8 --rounds 3 --levels 1 4 16
 
+bench-cache: $(STAMP)
+	$(BIN)/python -m bench.cache_actor $(CACHE_ARGS)
+
+bench-growth: $(STAMP)
+	$(BIN)/python -m bench.growth $(GROWTH_ARGS)
+
+# in-process AsyncLLM, mmgate and vLLM's own server, alternated, in float32 and in bfloat16
 bench-service: $(STAMP)
-	$(BIN)/python -m bench.service
+	$(BIN)/python -m bench.service $(TEXT_ARGS) --dtype float32 --json $(FIGURES)/text-float32.json
+	$(BIN)/python -m bench.service $(TEXT_ARGS) --dtype bfloat16 --json $(FIGURES)/text-bfloat16.json
 
 bench-images: $(STAMP)
 	$(BIN)/python -m bench.images
 
-bench-observability: $(STAMP)
-	$(BIN)/python -m bench.observability
+# repeated images against vLLM's server: the tiny LLaVA's grid, then the ViT-L-sized tower at 90%
+bench-image-repeats: $(STAMP)
+	$(BIN)/python -m bench.image_repeats $(REPEATS_ARGS) --json $(FIGURES)/images-tiny.json
+ifneq ($(QUICK),1)
+	$(BIN)/python -m bench.image_repeats --model vitl --requests 20 --repeats 0.9 --working-sets 2 8 --json $(FIGURES)/images-vitl.json
+endif
 
-bench: bench-cache bench-service bench-images bench-observability
+bench-observability: $(STAMP)
+	$(BIN)/python -m bench.observability --observe traces
+ifneq ($(QUICK),1)
+	$(BIN)/python -m bench.observability --observe traces --text --requests 60
+endif
+
+bench-plots: $(STAMP)
+	$(BIN)/python -m bench.plots --figures $(FIGURES) --out docs/images
+
+ifeq ($(QUICK),1)
+bench: bench-cache bench-growth bench-image-repeats
+else
+bench: bench-cache bench-growth bench-service bench-images bench-image-repeats bench-observability bench-plots
+endif
 
 # the full multi-replica suite: three replicas behind the proxy, fail-over, rolling restart,
 # tracing through the proxy (its two-replica smoke test runs in make test)

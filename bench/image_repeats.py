@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from services.client import build_request
-from services.config import EngineSettings
+from services.config import EngineSettings, default_model_cache
 from services.models import build_tiny_llava, build_vitl_llava, engine_settings
 from services.wire import IMAGE_PLACEHOLDER
 
@@ -281,12 +281,10 @@ def make_side(name: str, model: Path, engine: dict[str, Any]) -> Side:
     return VllmSide(model, engine, uuids=name == "vllm-uuid")
 
 
-def encoder_cache_tokens(model: Path, engine: dict[str, Any]) -> int | None:
-    """vLLM's encoder cache size in tokens for these engine arguments (its scheduler's budget)."""
+def encoder_cache_tokens(model: Path, engine: dict[str, Any], image_tokens: int) -> int | None:
+    """vLLM's encoder cache size in tokens for these engine arguments (its scheduler's config)."""
     try:
         from vllm.engine.arg_utils import EngineArgs
-        from vllm.multimodal import MULTIMODAL_REGISTRY
-        from vllm.v1.core.encoder_cache_manager import compute_encoder_budget
 
         config = EngineArgs(
             model=str(model),
@@ -296,11 +294,9 @@ def encoder_cache_tokens(model: Path, engine: dict[str, Any]) -> int | None:
             enforce_eager=True,
             limit_mm_per_prompt={"image": 1},
         ).create_engine_config()
-        _, cache_size = compute_encoder_budget(
-            config.model_config, config.scheduler_config, MULTIMODAL_REGISTRY
-        )
-        return int(cache_size)
-    except Exception as error:  # noqa: BLE001 - a vLLM without that helper: say so, measure anyway
+        # vllm/v1/core/encoder_cache_manager.py: at least one item's tokens
+        return max(int(config.scheduler_config.encoder_cache_size), image_tokens)
+    except Exception as error:  # noqa: BLE001 - a vLLM without that field: say so, measure anyway
         print(f"vLLM's encoder cache size unknown here: {error}", file=sys.stderr)
         return None
 
@@ -313,12 +309,13 @@ async def main(args: argparse.Namespace) -> None:
         if args.model_path is not None:
             model = args.model_path
         elif args.model == "vitl":
-            model = build_vitl_llava(Path(tmp) / "vitl-llava")
+            # 1.2 GB: built once beside the converted models, not again for every run
+            model = build_vitl_llava(default_model_cache() / "vitl-llava")
         else:
             model = build_tiny_llava(Path(tmp) / "tiny-llava")
         engine = engine_settings(model, max_model_len=2048 if args.model == "vitl" else 512)
-        cache = encoder_cache_tokens(model, engine)
         tokens = 576 if args.model == "vitl" else 16
+        cache = encoder_cache_tokens(model, engine, tokens)
         held = f"{cache // tokens} images of {tokens} tokens" if cache else "unknown"
         print(f"model {args.model} ({model}); vLLM's encoder cache: {cache} tokens = {held}")
         cases = [

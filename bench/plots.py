@@ -6,6 +6,8 @@ text-throughput.png    output tokens/s against concurrency, per contender and dt
                        the rounds, the bars from the lowest to the highest (bench.service --json)
 text-ttft.png          TTFT p99 against concurrency, the same way
 repeated-images.png    TTFT p50 per case of bench.image_repeats --json, per contender and model
+
+--tables prints the text figures as docs/benchmarks.md's markdown tables instead.
 """
 
 from __future__ import annotations
@@ -106,11 +108,75 @@ def images_plot(folder: Path, out: Path) -> Path | None:
     return path
 
 
+def _cell(values: list[float], digits: int = 1) -> str:
+    middle, low, high = _spread(values)
+    if len(values) == 1:
+        return f"{middle:.{digits}f}"
+    return f"{middle:.{digits}f} ({middle - low:.{digits}f}-{middle + high:.{digits}f})"
+
+
+def text_tables(folder: Path) -> None:
+    """Per dtype: each contender's median (lowest-highest) per level, then mmgate's ratios."""
+    runs = _text_runs(folder)
+    ratios = _text_ratios(folder)
+    for dtype in sorted({d for d, _ in runs}):
+        names = sorted(n for d, n in runs if d == dtype)
+        levels = sorted({c for (d, _), lv in runs.items() if d == dtype for c in lv})
+        print(f"\n{dtype}: median (lowest-highest) over the rounds\n")
+        print("| level | contender | rounds | tok/s | TTFT p50 ms | TTFT p99 ms |")
+        print("|---|---|---|---|---|---|")
+        for c in levels:
+            for name in names:
+                f = runs[(dtype, name)].get(c)
+                if not f:
+                    continue
+                print(
+                    f"| c={c} | {name} | {len(f['tok_s'])} | {_cell(f['tok_s'])} | "
+                    f"{_cell(f['ttft_p50_ms'], 0)} | {_cell(f['ttft_p99_ms'], 0)} |"
+                )
+        print(f"\n{dtype}: mmgate / the other, within each round: median (lowest-highest)\n")
+        print("| level | against | rounds | tok/s | TTFT p99 |")
+        print("|---|---|---|---|---|")
+        for (d, other, c), pair in sorted(ratios.items()):
+            if d == dtype:
+                print(
+                    f"| c={c} | {other} | {len(pair['tok_s'])} | {_cell(pair['tok_s'], 3)}x | "
+                    f"{_cell(pair['ttft_p99_ms'], 2)}x |"
+                )
+
+
+def _text_ratios(folder: Path) -> dict[tuple[str, str, int], dict[str, list[float]]]:
+    """(dtype, the other contender, level) -> figure -> mmgate / other, one per round."""
+    out: dict[tuple[str, str, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for path in sorted(folder.glob("text-*.json")):
+        data = json.loads(path.read_text())
+        for runs in data["rounds"]:
+            named = {run["name"]: run for run in runs}
+            mine = next((r for n, r in named.items() if n.startswith("mmgate")), None)
+            if mine is None:
+                continue
+            for name, run in named.items():
+                if run is mine:
+                    continue
+                for level, figures in run["levels"].items():
+                    ours = mine["levels"].get(level)
+                    if ours is None:
+                        continue
+                    key = (data["about"]["dtype"], name, int(level))
+                    for figure in ("tok_s", "ttft_p99_ms"):
+                        out[key][figure].append(ours[figure] / figures[figure])
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--figures", type=Path, default=Path("build/bench"))
     parser.add_argument("--out", type=Path, default=Path("docs/images"))
+    parser.add_argument("--tables", action="store_true", help="markdown tables, no plots")
     args = parser.parse_args()
+    if args.tables:
+        text_tables(args.figures)
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     made = [
         text_plot(args.figures, args.out, "tok_s", "output tokens/s", "text-throughput.png"),
