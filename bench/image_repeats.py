@@ -26,8 +26,8 @@ every contender). Then a burst: 8 requests with the same new image, sent togethe
 a realistic size (1024x768 photo-like, ~100 KB), greedy, 8 new tokens.
 
 Printed per case and contender: TTFT p50/p99, requests/s, bytes sent per request, and what each
-side counts: mmgate its decodes and encoder runs (misses of those stages, from each response's
-cache report); vLLM its processor-cache queries and hits (``vllm:mm_cache_*``) and prefix-cache hits
+side counts: mmgate its decodes and encoder runs (its Cache.GetStats MediaStats, before and
+after); vLLM its processor-cache queries and hits (``vllm:mm_cache_*``) and prefix-cache hits
 (``vllm:prefix_cache_*``): vLLM exports no count of image decodes or encoder runs.
 Goals at R=0.9, TTFT p50 vLLM / mmgate: >= 2x with the tiny model; >= 5x with the ViT-L-sized
 tower when W is larger than vLLM's encoder cache (its size is printed from the engine's config).
@@ -118,7 +118,6 @@ class MmgateSide:
             "MMGATE_CACHE__MAX_BYTES": str(4 * 2**30),
         }
         self.server = Mmgate(str(model), env)
-        self._counts: dict[str, float] = {"decodes": 0, "encoder runs": 0}
 
     async def start(self) -> float:
         return await self.server.start()
@@ -152,15 +151,12 @@ class MmgateSide:
                 ttft = time.perf_counter() - started
             if event.HasField("final"):
                 assert event.final.usage.completion_tokens == MAX_TOKENS
-                for lookup in event.final.cache.lookups:
-                    if lookup.outcome == "miss" and lookup.stage == "decode":
-                        self._counts["decodes"] += 1
-                    if lookup.outcome == "miss" and lookup.stage == "encode":
-                        self._counts["encoder runs"] += 1
         return ttft, sent
 
     async def counts(self) -> dict[str, float]:
-        return dict(self._counts)
+        """The server's own count of its work (Cache.GetStats' MediaStats)."""
+        media = (await self.server.client.stats()).media
+        return {"decodes": float(media.decodes), "encoder runs": float(media.encodes)}
 
     async def close(self) -> None:
         await self.server.close()
