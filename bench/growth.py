@@ -47,7 +47,8 @@ async def one_size(size: int, lookups: int) -> dict[str, float]:
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     async with CacheActor(config) as cache:
-        values = [bytes(VALUE) for _ in range(size)]  # each its own object, as real values are
+        # each its own object, as real values are (bytes(VALUE) would be VALUE itself)
+        values = [bytes(bytearray(VALUE)) for _ in range(size)]
 
         for i in range(size):
             value = values[i]

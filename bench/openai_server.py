@@ -214,20 +214,27 @@ class OpenAIServer:
         code: int | None = None
         if self._process is not None:
             process, self._process = self._process, None
-            if process.returncode is None:
-                process.send_signal(signal.SIGTERM)
-            try:
-                code = await asyncio.wait_for(process.wait(), STOP_TIMEOUT)
-            except TimeoutError:
-                code = None
-            # its engine core is a child in the same session: never leave one busy-polling
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            if code is None:
-                code = await process.wait()
+            code = await stop(process, STOP_TIMEOUT)
         if self._log is not None:
             self._log.close()
         return code
 
 
-__all__ = ["OpenAIServer", "server_flags", "tree_rss_bytes"]
+async def stop(process: asyncio.subprocess.Process, timeout: float) -> int:
+    """SIGTERM, up to ``timeout`` for a clean exit, then SIGKILL to the whole session; exit code.
+
+    A server's engine core is a child in the same session: none is left busy-polling a core.
+    """
+    if process.returncode is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        code: int | None = await asyncio.wait_for(process.wait(), timeout)
+    except TimeoutError:
+        code = None
+        print(f"{process.pid} ignored SIGTERM for {timeout:.0f} s; killed", file=sys.stderr)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    return code if code is not None else await process.wait()
+
+
+__all__ = ["OpenAIServer", "server_flags", "stop", "tree_rss_bytes"]

@@ -145,6 +145,56 @@ def text_tables(folder: Path) -> None:
                 )
 
 
+def image_tables(folder: Path) -> None:
+    """Per model: each case's TTFT p50/p99, bytes sent and counts per contender, and the ratios."""
+    for path in sorted(folder.glob("images-*.json")):
+        data = json.loads(path.read_text())
+        about = data["about"]
+        print(
+            f"\n{about['model']} (vLLM's encoder cache: {about['encoder_cache_tokens']} tokens)\n"
+        )
+        print(
+            "| case | contender | TTFT p50 | p99 | req/s | bytes/request | counted "
+            "| burst of 8: TTFT p50, counted |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
+        for label, sides in data["results"].items():
+            if label.startswith("_"):
+                continue
+            for name, figures in sides.items():
+                run, burst = figures["run"], figures["burst"]
+                counted = ", ".join(f"{k} {v:.0f}" for k, v in run["counts"].items())
+                burst_counted = ", ".join(f"{k} {v:.0f}" for k, v in burst["counts"].items())
+                print(
+                    f"| {label} | {name} | {run['ttft_p50_ms']:.1f} ms | "
+                    f"{run['ttft_p99_ms']:.1f} ms | "
+                    f"{run['requests_per_s']:.2f} | {run['bytes_per_request']:,.0f} | {counted} | "
+                    f"{burst['ttft_p50_ms']:.0f} ms, {burst_counted} |"
+                )
+        print(
+            "\n| case | vllm-base64 / mmgate TTFT p50 | vllm-uuid / mmgate "
+            "| burst: vllm-base64 / mmgate |"
+        )
+        print("|---|---|---|---|")
+        for label, sides in data["results"].items():
+            if label.startswith("_") or "mmgate" not in sides:
+                continue
+            mine = sides["mmgate"]
+            cells = [
+                f"{sides[n]['run']['ttft_p50_ms'] / mine['run']['ttft_p50_ms']:.2f}x"
+                if n in sides
+                else "-"
+                for n in ("vllm-base64", "vllm-uuid")
+            ]
+            theirs = sides.get("vllm-base64")
+            burst = (
+                f"{theirs['burst']['ttft_p50_ms'] / mine['burst']['ttft_p50_ms']:.2f}x"
+                if theirs is not None
+                else "-"
+            )
+            print(f"| {label} | {cells[0]} | {cells[1]} | {burst} |")
+
+
 def _text_ratios(folder: Path) -> dict[tuple[str, str, int], dict[str, list[float]]]:
     """(dtype, the other contender, level) -> figure -> mmgate / other, one per round."""
     out: dict[tuple[str, str, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -176,6 +226,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.tables:
         text_tables(args.figures)
+        image_tables(args.figures)
         return
     args.out.mkdir(parents=True, exist_ok=True)
     made = [

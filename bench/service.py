@@ -48,7 +48,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import sys
 import tempfile
 import time
@@ -64,7 +63,7 @@ from services.config import EngineSettings, Settings
 from services.engine.worker import EngineWorker
 from tests.support import free_port, wait_serving
 
-from .openai_server import OpenAIServer, tree_rss_bytes
+from .openai_server import OpenAIServer, stop, tree_rss_bytes
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -445,14 +444,7 @@ class Mmgate:
         code: int | None = None
         if self._process is not None:
             process, self._process = self._process, None
-            if process.returncode is None:
-                process.send_signal(signal.SIGTERM)
-            try:
-                code = await asyncio.wait_for(process.wait(), STOP_TIMEOUT)
-            except TimeoutError:
-                os.killpg(process.pid, signal.SIGKILL)
-                code = await process.wait()
-                print(f"mmgate ignored SIGTERM for {STOP_TIMEOUT:.0f} s; killed", file=sys.stderr)
+            code = await stop(process, STOP_TIMEOUT)
         if self._log is not None:
             self._log.close()
         return code
