@@ -234,7 +234,7 @@ def plan(case: Case, requests: int, first_seed: int) -> tuple[list[int], list[in
     return working, sequence
 
 
-async def subtract(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+def subtract(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
     return {k: after[k] - before.get(k, 0.0) for k in after}
 
 
@@ -257,7 +257,7 @@ async def run_case(
         figures.ttft.append(ttft)
         figures.sent.append(sent)
     figures.wall = time.perf_counter() - started
-    figures.counts = await subtract(await side.counts(), before)
+    figures.counts = subtract(await side.counts(), before)
 
     burst = Figures()
     before = await side.counts()
@@ -267,7 +267,7 @@ async def run_case(
     burst.wall = time.perf_counter() - started
     burst.ttft = [ttft for ttft, _ in answers]
     burst.sent = [sent for _, sent in answers]
-    burst.counts = await subtract(await side.counts(), before)
+    burst.counts = subtract(await side.counts(), before)
     return figures, burst
 
 

@@ -211,13 +211,18 @@ class OpenAIServer:
         if self._client is not None:
             client, self._client = self._client, None
             await client.aclose()
-        code: int | None = None
-        if self._process is not None:
-            process, self._process = self._process, None
-            code = await stop(process, STOP_TIMEOUT)
-        if self._log is not None:
-            self._log.close()
-        return code
+        process, self._process = self._process, None
+        return await shut_down(process, self._log, STOP_TIMEOUT)
+
+
+async def shut_down(
+    process: asyncio.subprocess.Process | None, log: IO[bytes] | None, timeout: float
+) -> int | None:
+    """A benchmark's server stopped (``stop``) and its log closed; its exit code."""
+    code = await stop(process, timeout) if process is not None else None
+    if log is not None:
+        log.close()
+    return code
 
 
 async def stop(process: asyncio.subprocess.Process, timeout: float) -> int:
@@ -237,4 +242,4 @@ async def stop(process: asyncio.subprocess.Process, timeout: float) -> int:
     return code if code is not None else await process.wait()
 
 
-__all__ = ["OpenAIServer", "server_flags", "stop", "tree_rss_bytes"]
+__all__ = ["OpenAIServer", "server_flags", "shut_down", "stop", "tree_rss_bytes"]

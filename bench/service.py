@@ -63,7 +63,7 @@ from services.config import EngineSettings, Settings
 from services.engine.worker import EngineWorker
 from tests.support import free_port, wait_serving
 
-from .openai_server import OpenAIServer, stop, tree_rss_bytes
+from .openai_server import OpenAIServer, shut_down, tree_rss_bytes
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -441,13 +441,8 @@ class Mmgate:
         if self._client is not None:
             client, self._client = self._client, None
             await client.close()
-        code: int | None = None
-        if self._process is not None:
-            process, self._process = self._process, None
-            code = await stop(process, STOP_TIMEOUT)
-        if self._log is not None:
-            self._log.close()
-        return code
+        process, self._process = self._process, None
+        return await shut_down(process, self._log, STOP_TIMEOUT)
 
 
 class VllmServe:
