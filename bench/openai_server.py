@@ -56,8 +56,8 @@ def server_flags(args: Any) -> list[str]:
     return flags
 
 
-def tree_rss_bytes(pid: int) -> int:
-    """Resident memory of ``pid`` and all its descendants (Linux /proc), in bytes."""
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, children first (Linux /proc)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -66,10 +66,19 @@ def tree_rss_bytes(pid: int) -> int:
             except OSError:
                 continue
             children.setdefault(int(stat[1]), []).append(int(entry.name))
-    total, todo = 0, [pid]
+    found: list[int] = []
+    todo = list(children.get(pid, []))
     while todo:
-        current = todo.pop()
+        current = todo.pop(0)
+        found.append(current)
         todo += children.get(current, [])
+    return found
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of ``pid`` and all its descendants (Linux /proc), in bytes."""
+    total = 0
+    for current in [pid, *descendants(pid)]:
         try:
             for line in Path(f"/proc/{current}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
@@ -242,4 +251,4 @@ async def stop(process: asyncio.subprocess.Process, timeout: float) -> int:
     return code if code is not None else await process.wait()
 
 
-__all__ = ["OpenAIServer", "server_flags", "shut_down", "stop", "tree_rss_bytes"]
+__all__ = ["OpenAIServer", "descendants", "server_flags", "shut_down", "stop", "tree_rss_bytes"]

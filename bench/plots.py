@@ -37,8 +37,15 @@ def _text_runs(folder: Path) -> dict[tuple[str, str], dict[int, dict[str, list[f
         for runs in data["rounds"]:
             for run in runs:
                 for level, figures in run["levels"].items():
+                    into = out[(dtype, run["name"])][int(level)]
                     for name in ("tok_s", "ttft_p99_ms", "ttft_p50_ms"):
-                        out[(dtype, run["name"])][int(level)][name].append(figures[name])
+                        into[name].append(figures[name])
+                    # CPU ms a request outside the engine core: the server's main process
+                    # (in-process: the one process), and the whole front end with its client
+                    cpu = figures.get("cpu_ms_per_request", {})
+                    if cpu:
+                        into["server_cpu_ms"].append(cpu.get("server", sum(cpu.values())))
+                        into["front_cpu_ms"].append(sum(cpu.values()))
     return out
 
 
@@ -124,25 +131,31 @@ def text_tables(folder: Path) -> None:
         names = sorted(n for d, n in runs if d == dtype)
         levels = sorted({c for (d, _), lv in runs.items() if d == dtype for c in lv})
         print(f"\n{dtype}: median (lowest-highest) over the rounds\n")
-        print("| level | contender | rounds | tok/s | TTFT p50 ms | TTFT p99 ms |")
-        print("|---|---|---|---|---|---|")
+        print(
+            "| level | contender | rounds | tok/s | TTFT p50 ms | TTFT p99 ms "
+            "| server CPU ms/request | with its client |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
         for c in levels:
             for name in names:
                 f = runs[(dtype, name)].get(c)
                 if not f:
                     continue
+                cpu = [_cell(f[k]) if f.get(k) else "-" for k in ("server_cpu_ms", "front_cpu_ms")]
                 print(
                     f"| c={c} | {name} | {len(f['tok_s'])} | {_cell(f['tok_s'])} | "
-                    f"{_cell(f['ttft_p50_ms'], 0)} | {_cell(f['ttft_p99_ms'], 0)} |"
+                    f"{_cell(f['ttft_p50_ms'], 0)} | {_cell(f['ttft_p99_ms'], 0)} | "
+                    f"{cpu[0]} | {cpu[1]} |"
                 )
         print(f"\n{dtype}: mmgate / the other, within each round: median (lowest-highest)\n")
-        print("| level | against | rounds | tok/s | TTFT p99 |")
-        print("|---|---|---|---|---|")
+        print("| level | against | rounds | tok/s | TTFT p99 | server CPU/request |")
+        print("|---|---|---|---|---|---|")
         for (d, other, c), pair in sorted(ratios.items()):
             if d == dtype:
+                server = f"{_cell(pair['server_cpu'], 2)}x" if pair.get("server_cpu") else "-"
                 print(
                     f"| c={c} | {other} | {len(pair['tok_s'])} | {_cell(pair['tok_s'], 3)}x | "
-                    f"{_cell(pair['ttft_p99_ms'], 2)}x |"
+                    f"{_cell(pair['ttft_p99_ms'], 2)}x | {server} |"
                 )
 
 
@@ -216,6 +229,10 @@ def _text_ratios(folder: Path) -> dict[tuple[str, str, int], dict[str, list[floa
                     key = (data["about"]["dtype"], name, int(level))
                     for figure in ("tok_s", "ttft_p99_ms"):
                         out[key][figure].append(ours[figure] / figures[figure])
+                    theirs_cpu = figures.get("cpu_ms_per_request", {}).get("server")
+                    ours_cpu = ours.get("cpu_ms_per_request", {}).get("server")
+                    if theirs_cpu and ours_cpu:
+                        out[key]["server_cpu"].append(ours_cpu / theirs_cpu)
     return out
 
 

@@ -15,6 +15,10 @@ defaults (float32 on a CPU, max_model_len 2048, max_num_seqs 32, 1 GiB of KV cac
                temperature=0.0, ignore_eos=True, cache_policy=...)``; ``bypass`` keeps the cache
                actor out of the way, the default policy ``prompt`` sends every request through
                an actor flight (each prompt is new, so each is a miss: render + tokenize + store)
+  vllm-serve   vLLM's OpenAI-compatible server with the same engine arguments, over loopback
+               HTTP streaming (bench/openai_server.py)
+  vllm-grpc    vLLM's own gRPC server (``vllm serve --grpc``) with the same engine arguments,
+               over loopback gRPC streaming (bench/vllm_grpc.py): the transport without mmgate
 
 Load: for each concurrency level (1, 4, 16), a closed loop: N workers, each sending its next
 request as soon as its last one finished, until the level's requests are done. Every request
@@ -63,7 +67,8 @@ from services.config import EngineSettings, Settings
 from services.engine.worker import EngineWorker
 from tests.support import free_port, wait_serving
 
-from .openai_server import OpenAIServer, shut_down, tree_rss_bytes
+from .openai_server import OpenAIServer, descendants, shut_down, tree_rss_bytes
+from .vllm_grpc import VllmGrpcServer
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -118,6 +123,10 @@ class Level:
     # descendants (the engines and the server), and to the hypervisor (steal): disturbance
     others: float = float("nan")
     steal: float = float("nan")
+    # context switches the level took in each role's processes, every thread: (voluntary,
+    # involuntary). The engine's involuntary ones are the front end's cost made visible: on a
+    # small machine each is a thread of the model's step put off a core by another process
+    switches: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def tokens(self) -> int:
@@ -140,11 +149,37 @@ class Level:
     def cpu_ms_per_request(self) -> dict[str, float]:
         return {name: seconds * 1000 / len(self.samples) for name, seconds in self.cpu.items()}
 
+    def switches_per_request(self) -> dict[str, dict[str, float]]:
+        n = len(self.samples)
+        return {
+            role: {"voluntary": v / n, "involuntary": i / n}
+            for role, (v, i) in self.switches.items()
+        }
+
 
 Send = Callable[[int], Awaitable[Sample]]
 # the requests measured at a concurrency level
 Count = Callable[[int], int]
 CpuClock = Callable[[], dict[str, float]]
+# the processes of each role ("client", "server", "engine") of a contender
+Roles = Callable[[], dict[str, list[int]]]
+
+
+def context_switches(pids: Sequence[int]) -> tuple[int, int]:
+    """Voluntary and involuntary context switches of every thread of ``pids`` so far (Linux)."""
+    voluntary = involuntary = 0
+    for pid in pids:
+        for status in Path(f"/proc/{pid}/task").glob("*/status"):
+            try:
+                lines = status.read_text().splitlines()
+            except OSError:  # gone meanwhile
+                continue
+            for line in lines:
+                if line.startswith("voluntary_ctxt_switches:"):
+                    voluntary += int(line.split()[1])
+                elif line.startswith("nonvoluntary_ctxt_switches:"):
+                    involuntary += int(line.split()[1])
+    return voluntary, involuntary
 
 
 def _stat_fields(pid: int | str) -> list[str]:
@@ -193,7 +228,11 @@ class MachineTimes:
 
 
 async def closed_loop(
-    send: Send, concurrency: int, indices: Sequence[int], cpu_clock: CpuClock | None = None
+    send: Send,
+    concurrency: int,
+    indices: Sequence[int],
+    cpu_clock: CpuClock | None = None,
+    roles: Roles | None = None,
 ) -> Level:
     """``concurrency`` workers, each sending its next request when its last one is done."""
     pending = iter(indices)  # shared: one event loop, so no two workers take the same index
@@ -203,6 +242,8 @@ async def closed_loop(
         for i in pending:
             samples[i] = await send(i)
 
+    processes = roles() if roles is not None else {}
+    switches_before = {role: context_switches(pids) for role, pids in processes.items()}
     cpu_before = cpu_clock() if cpu_clock is not None else {}
     machine_before = MachineTimes.now()
     started = time.perf_counter()
@@ -210,6 +251,9 @@ async def closed_loop(
     level = Level(concurrency, time.perf_counter() - started, samples)
     if cpu_clock is not None:
         level.cpu = {name: t - cpu_before[name] for name, t in cpu_clock().items()}
+    for role, pids in processes.items():
+        (v0, i0), (v1, i1) = switches_before[role], context_switches(pids)
+        level.switches[role] = (v1 - v0, i1 - i0)
     machine_after = MachineTimes.now()
     if machine_before is not None and machine_after is not None:
         capacity = level.wall * (os.cpu_count() or 1)
@@ -305,6 +349,9 @@ class InProcess:
         """This process: the load generator and AsyncLLM's front end (the engine core is not)."""
         return {"process": time.process_time()}
 
+    def roles(self) -> dict[str, list[int]]:
+        return {"client": [os.getpid()], "engine": descendants(os.getpid())}
+
     async def close(self) -> None:
         if self._engine is not None:
             engine, self._engine = self._engine, None
@@ -314,9 +361,11 @@ class InProcess:
 class Mmgate:
     """``mmgate serve`` in a child process with default settings, over loopback gRPC."""
 
-    def __init__(self, model: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, model: str, env: dict[str, str] | None = None, prefix: str = "") -> None:
         self.model = model
         self.env = env or {}
+        # names a variant's runs apart from mmgate's default ones ("stdlib-loop mmgate ...")
+        self.prefix = prefix
         self.port = free_port()
         self.policy = "bypass"
         self.tag = "a"
@@ -326,7 +375,7 @@ class Mmgate:
 
     @property
     def name(self) -> str:
-        return f"mmgate ({self.policy})"
+        return f"{self.prefix}mmgate ({self.policy})"
 
     @property
     def target(self) -> str:
@@ -436,6 +485,9 @@ class Mmgate:
         assert self._process is not None
         return {"client": time.process_time(), "server": process_cpu_seconds(self._process.pid)}
 
+    def roles(self) -> dict[str, list[int]]:
+        return {"client": [os.getpid()], "server": [self.pid], "engine": descendants(self.pid)}
+
     async def close(self) -> int | None:
         """SIGTERM, then wait for the server's own clean exit; its exit code."""
         if self._client is not None:
@@ -466,6 +518,41 @@ class VllmServe:
         """This process (the HTTP client) and the server's main process (its API front end)."""
         return {"client": time.process_time(), "server": process_cpu_seconds(self.server.pid)}
 
+    def roles(self) -> dict[str, list[int]]:
+        pid = self.server.pid
+        return {"client": [os.getpid()], "server": [pid], "engine": descendants(pid)}
+
+    async def close(self) -> int | None:
+        return await self.server.close()
+
+
+class VllmGrpc:
+    """vLLM's own gRPC server with mmgate's engine arguments: gRPC streaming without mmgate."""
+
+    name = "vllm grpc"
+
+    def __init__(self, settings: EngineSettings, model: str) -> None:
+        self.server = VllmGrpcServer(settings, model)
+        self.tag = "a"
+
+    async def start(self) -> float:
+        return await self.server.start(ENV)
+
+    async def send(self, i: int) -> Sample:
+        started = time.perf_counter()
+        ttft, tokens, sent = await self.server.generate(
+            prompt_text(i, self.tag), max_tokens=MAX_TOKENS
+        )
+        return Sample(ttft, tokens, time.perf_counter() - started, None, sent)
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """This process (the gRPC client) and the server's main process."""
+        return {"client": time.process_time(), "server": process_cpu_seconds(self.server.pid)}
+
+    def roles(self) -> dict[str, list[int]]:
+        pid = self.server.pid
+        return {"client": [os.getpid()], "server": [pid], "engine": descendants(pid)}
+
     async def close(self) -> int | None:
         return await self.server.close()
 
@@ -482,13 +569,25 @@ async def warm_up(send: Send, count: int, concurrency: int) -> float:
 
 
 async def run_levels(
-    send: Send, cpu_clock: CpuClock, levels: Sequence[int], per_level: Count, label: str
+    send: Send,
+    cpu_clock: CpuClock,
+    levels: Sequence[int],
+    per_level: Count,
+    label: str,
+    roles: Roles | None = None,
 ) -> dict[int, Level]:
     results: dict[int, Level] = {}
     for c in levels:
         indices = level_indices(c, per_level(c))
-        level = await closed_loop(send, c, indices, cpu_clock)
+        level = await closed_loop(send, c, indices, cpu_clock, roles)
         results[c] = level
+        engine = level.switches_per_request().get("engine")
+        if engine is not None:
+            print(
+                f"  {'':<21} c={c:<3} engine context switches/request: "
+                f"{engine['involuntary']:.0f} involuntary, {engine['voluntary']:.0f} voluntary",
+                flush=True,
+            )
         print(
             f"  {label:<21} c={c:<3} {len(level.samples):>3} requests  {level.wall:6.1f} s  "
             f"{level.throughput:7.1f} tok/s  TTFT p50 {level.ttft_ms(0.5):7.1f} ms  "
@@ -525,7 +624,9 @@ async def measure_in_process(
         start_s = await contender.start()
         print(f"  {label:<21} engine started in {start_s:.1f} s", flush=True)
         warmup_s = await warm_up(contender.send, warm, max(levels))
-        results = await run_levels(contender.send, contender.cpu_seconds, levels, per_level, label)
+        results = await run_levels(
+            contender.send, contender.cpu_seconds, levels, per_level, label, contender.roles
+        )
         rss = tree_rss_bytes(os.getpid())
     finally:
         await contender.close()
@@ -533,15 +634,26 @@ async def measure_in_process(
 
 
 async def measure_vllm_serve(
-    settings: EngineSettings, model: str, levels: Sequence[int], per_level: Count, warm: int
+    settings: EngineSettings,
+    model: str,
+    levels: Sequence[int],
+    per_level: Count,
+    warm: int,
+    kind: type[VllmServe | VllmGrpc] = VllmServe,
 ) -> Run:
-    contender = VllmServe(settings, model)
+    """vLLM's own server (``kind``: the OpenAI one, or its gRPC one) on a fresh engine."""
+    contender = kind(settings, model)
     try:
         start_s = await contender.start()
         print(f"  {contender.name:<21} healthy in {start_s:.1f} s", flush=True)
         warmup_s = await warm_up(contender.send, warm, max(levels))
         results = await run_levels(
-            contender.send, contender.cpu_seconds, levels, per_level, contender.name
+            contender.send,
+            contender.cpu_seconds,
+            levels,
+            per_level,
+            contender.name,
+            contender.roles,
         )
         rss = tree_rss_bytes(contender.server.pid)
     finally:
@@ -551,20 +663,33 @@ async def measure_vllm_serve(
 
 
 async def measure_mmgate(
-    model: str, policies: Sequence[str], levels: Sequence[int], per_level: Count, warm: int
+    model: str,
+    policies: Sequence[str],
+    levels: Sequence[int],
+    per_level: Count,
+    warm: int,
+    contender: Mmgate | None = None,
 ) -> list[Run]:
-    contender = Mmgate(model)
+    contender = contender or Mmgate(model)
     runs: list[Run] = []
     try:
         start_s = await contender.start()
-        print(f"  mmgate serving in {start_s:.1f} s (log: {contender.log_path})", flush=True)
+        print(
+            f"  {contender.prefix}mmgate serving in {start_s:.1f} s (log: {contender.log_path})",
+            flush=True,
+        )
         for n, policy in enumerate(policies):
             contender.policy = policy
             # a second policy gets its own prompts: its engine has seen the first one's
             contender.tag = "a" if n == 0 else "b"
             warmup_s = await warm_up(contender.send, warm, max(levels))
             results = await run_levels(
-                contender.send, contender.cpu_seconds, levels, per_level, contender.name
+                contender.send,
+                contender.cpu_seconds,
+                levels,
+                per_level,
+                contender.name,
+                contender.roles,
             )
             rss = tree_rss_bytes(contender.pid)
             runs.append(Run(contender.name, contender.tag, start_s, warmup_s, results, rss))
@@ -649,7 +774,7 @@ def report(base: Run, others: Sequence[Run], levels: Sequence[int]) -> None:
         same, total = same_outputs(base, run)
         if total:
             print(f"{run.name}: {same}/{total} requests gave the same tokens as in-process")
-    starts = {r.name.split(" ")[0]: r.start_s for r in (base, *others)}
+    starts = {r.name: r.start_s for r in (base, *others)}
     print(
         "engine start: "
         + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in starts.items())
@@ -734,6 +859,9 @@ async def main(args: argparse.Namespace) -> None:
             "in-process": lambda: _one(measure_in_process(e, model, levels, count, args.warmup)),
             "mmgate": lambda: measure_mmgate(model, policies, levels, count, args.warmup),
             "vllm-serve": lambda: _one(measure_vllm_serve(e, model, levels, count, args.warmup)),
+            "vllm-grpc": lambda: _one(
+                measure_vllm_serve(e, model, levels, count, args.warmup, VllmGrpc)
+            ),
         }
         rounds: list[list[Run]] = []
         for n in range(args.rounds):
@@ -811,6 +939,7 @@ def write_json(
                             "prompt_p50_ms": level.prompt_ms(0.5),
                             "prompt_p99_ms": level.prompt_ms(0.99),
                             "cpu_ms_per_request": level.cpu_ms_per_request(),
+                            "switches_per_request": level.switches_per_request(),
                             "other_load": level.others,
                         }
                         for c, level in run.levels.items()
@@ -852,8 +981,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--contenders",
         nargs="+",
-        choices=["in-process", "mmgate", "vllm-serve"],
-        default=["in-process", "mmgate", "vllm-serve"],
+        choices=["in-process", "mmgate", "vllm-serve", "vllm-grpc"],
+        default=["in-process", "mmgate", "vllm-serve", "vllm-grpc"],
         help="who is measured, in this order in the first round",
     )
     parser.add_argument(

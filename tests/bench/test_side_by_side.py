@@ -1,12 +1,20 @@
-"""The benchmarks' fairness: vLLM's own server gets exactly mmgate's engine arguments."""
+"""The benchmarks' fairness (vLLM's own server gets exactly mmgate's engine arguments) and their
+readings of /proc."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+import threading
+from subprocess import PIPE
 
 import pytest
 
-from bench.openai_server import server_flags
+from bench import grpc_stream
+from bench.openai_server import descendants, server_flags
+from bench.service import context_switches
 from services.config import EngineSettings
 from services.engine.worker import EngineWorker
 
@@ -50,3 +58,40 @@ def test_vllms_server_parses_back_mmgates_engine_arguments(images: int | None) -
 def same(ours: object, theirs: object) -> bool:
     # the CLI reads one served model name as a list of one
     return ours == theirs or (isinstance(ours, str) and theirs == [ours])
+
+
+def test_a_spawned_process_is_among_the_descendants() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=PIPE)
+    try:
+        assert child.pid in descendants(os.getpid())
+        assert os.getpid() not in descendants(os.getpid())
+    finally:
+        child.communicate(b"", timeout=30)
+
+
+def test_context_switches_count_every_thread_and_only_grow() -> None:
+    before = context_switches([os.getpid()])
+    # a thread that blocks and wakes switches voluntarily at least once
+    done = threading.Event()
+    waiter = threading.Thread(target=done.wait)
+    waiter.start()
+    done.set()
+    waiter.join()
+    after = context_switches([os.getpid()])
+    assert after[0] > before[0] >= 0
+    assert after[1] >= before[1] >= 0
+    # a process that is gone counts nothing (it left between listing and reading)
+    assert context_switches([2**22 + 1]) == (0, 0)
+
+
+@pytest.mark.timeout(120)
+def test_the_grpc_stream_benchmark_measures_both_variants(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    grpc_stream.main(["--streams", "2", "--messages", "3", "--step-ms", "5", "--repeats", "1"])
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines()[2:]}
+    assert set(rows) == {"default", "classic-poller"}, out
+    # the baseline is its own 1.00x (a figure that is 0 on so short a run has no ratio)
+    assert "(1.00x)" in rows["default"], out
+    assert "voluntary" in out.splitlines()[1], out
