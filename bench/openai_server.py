@@ -88,23 +88,22 @@ def tree_rss_bytes(pid: int) -> int:
     return total
 
 
-class OpenAIServer:
-    """``python -m vllm.entrypoints.openai.api_server`` in a child process, over loopback HTTP."""
+class VllmProcess:
+    """One of vLLM's servers (``module``) with mmgate's engine arguments, in a child process."""
+
+    module = ""
+    log_prefix = ""
 
     def __init__(self, settings: EngineSettings, model: str, *, images: int | None = None) -> None:
         worker = EngineWorker(settings, model)
         if images is not None:
             worker.accept_images(per_prompt=images, embeddings=False)
         self.args = worker.engine_args()
+        self.model = model
         self.model_name = worker.model_name
         self.port = free_port()
         self._process: asyncio.subprocess.Process | None = None
-        self._client: httpx.AsyncClient | None = None
         self._log: IO[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     @property
     def pid(self) -> int:
@@ -115,23 +114,13 @@ class OpenAIServer:
         assert self._log is not None
         return "\n".join(Path(self._log.name).read_text(errors="replace").splitlines()[-lines:])
 
-    async def start(self, env: dict[str, str]) -> float:
-        """Start the server; seconds until its /health answers 200."""
+    async def spawn(self, env: dict[str, str], *flags: str) -> asyncio.subprocess.Process:
+        """``python -m module`` with the engine's flags, on 127.0.0.1 and this port, ``flags``."""
         self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept open while it runs
-            prefix="vllm-serve-bench-", suffix=".log", delete=False
+            prefix=self.log_prefix, suffix=".log", delete=False
         )
-        command = [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            *server_flags(self.args),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--disable-uvicorn-access-log",
-        ]
-        started = time.perf_counter()
+        command = [sys.executable, "-m", self.module, *server_flags(self.args)]
+        command += ["--host", "127.0.0.1", "--port", str(self.port), *flags]
         self._process = await asyncio.create_subprocess_exec(
             *command,
             env={**os.environ, **env},
@@ -139,11 +128,37 @@ class OpenAIServer:
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
         )
+        return self._process
+
+    async def stop(self) -> int | None:
+        """The server stopped and its log closed; its exit code."""
+        process, self._process = self._process, None
+        return await shut_down(process, self._log, STOP_TIMEOUT)
+
+
+class OpenAIServer(VllmProcess):
+    """``python -m vllm.entrypoints.openai.api_server`` in a child process, over loopback HTTP."""
+
+    module = "vllm.entrypoints.openai.api_server"
+    log_prefix = "vllm-serve-bench-"
+
+    def __init__(self, settings: EngineSettings, model: str, *, images: int | None = None) -> None:
+        super().__init__(settings, model, images=images)
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self, env: dict[str, str]) -> float:
+        """Start the server; seconds until its /health answers 200."""
+        started = time.perf_counter()
+        process = await self.spawn(env, "--disable-uvicorn-access-log")
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
         self._client = httpx.AsyncClient(base_url=self.url, timeout=START_TIMEOUT, limits=limits)
         deadline = started + START_TIMEOUT
         while time.perf_counter() < deadline:
-            if self._process.returncode is not None:
+            if process.returncode is not None:
                 raise RuntimeError(f"vLLM's server exited:\n{self.log_tail()}")
             try:
                 if (await self._client.get("/health", timeout=2.0)).status_code == 200:
@@ -220,8 +235,7 @@ class OpenAIServer:
         if self._client is not None:
             client, self._client = self._client, None
             await client.aclose()
-        process, self._process = self._process, None
-        return await shut_down(process, self._log, STOP_TIMEOUT)
+        return await self.stop()
 
 
 async def shut_down(
@@ -251,4 +265,12 @@ async def stop(process: asyncio.subprocess.Process, timeout: float) -> int:
     return code if code is not None else await process.wait()
 
 
-__all__ = ["OpenAIServer", "descendants", "server_flags", "shut_down", "stop", "tree_rss_bytes"]
+__all__ = [
+    "OpenAIServer",
+    "VllmProcess",
+    "descendants",
+    "server_flags",
+    "shut_down",
+    "stop",
+    "tree_rss_bytes",
+]

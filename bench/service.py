@@ -59,7 +59,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Protocol
 
 from services.api.server import resolve_model
 from services.client import MmgateClient, build_request
@@ -361,11 +361,9 @@ class InProcess:
 class Mmgate:
     """``mmgate serve`` in a child process with default settings, over loopback gRPC."""
 
-    def __init__(self, model: str, env: dict[str, str] | None = None, prefix: str = "") -> None:
+    def __init__(self, model: str, env: dict[str, str] | None = None) -> None:
         self.model = model
         self.env = env or {}
-        # names a variant's runs apart from mmgate's default ones ("stdlib-loop mmgate ...")
-        self.prefix = prefix
         self.port = free_port()
         self.policy = "bypass"
         self.tag = "a"
@@ -375,7 +373,7 @@ class Mmgate:
 
     @property
     def name(self) -> str:
-        return f"{self.prefix}mmgate ({self.policy})"
+        return f"mmgate ({self.policy})"
 
     @property
     def target(self) -> str:
@@ -503,19 +501,24 @@ class VllmServe:
     name = "vllm serve"
 
     def __init__(self, settings: EngineSettings, model: str) -> None:
-        self.server = OpenAIServer(settings, model)
+        self.server: OpenAIServer | VllmGrpcServer = OpenAIServer(settings, model)
         self.tag = "a"
 
     async def start(self) -> float:
         return await self.server.start(ENV)
 
+    async def request(self, text: str) -> tuple[float, tuple[int, ...], int]:
+        """One streamed request: seconds to the first token, the tokens, bytes sent."""
+        assert isinstance(self.server, OpenAIServer)
+        return await self.server.chat(text, max_tokens=MAX_TOKENS)
+
     async def send(self, i: int) -> Sample:
         started = time.perf_counter()
-        ttft, tokens, sent = await self.server.chat(prompt_text(i, self.tag), max_tokens=MAX_TOKENS)
+        ttft, tokens, sent = await self.request(prompt_text(i, self.tag))
         return Sample(ttft, tokens, time.perf_counter() - started, None, sent)
 
     def cpu_seconds(self) -> dict[str, float]:
-        """This process (the HTTP client) and the server's main process (its API front end)."""
+        """This process (the client) and the server's main process (its front end)."""
         return {"client": time.process_time(), "server": process_cpu_seconds(self.server.pid)}
 
     def roles(self) -> dict[str, list[int]]:
@@ -526,7 +529,7 @@ class VllmServe:
         return await self.server.close()
 
 
-class VllmGrpc:
+class VllmGrpc(VllmServe):
     """vLLM's own gRPC server with mmgate's engine arguments: gRPC streaming without mmgate."""
 
     name = "vllm grpc"
@@ -535,26 +538,9 @@ class VllmGrpc:
         self.server = VllmGrpcServer(settings, model)
         self.tag = "a"
 
-    async def start(self) -> float:
-        return await self.server.start(ENV)
-
-    async def send(self, i: int) -> Sample:
-        started = time.perf_counter()
-        ttft, tokens, sent = await self.server.generate(
-            prompt_text(i, self.tag), max_tokens=MAX_TOKENS
-        )
-        return Sample(ttft, tokens, time.perf_counter() - started, None, sent)
-
-    def cpu_seconds(self) -> dict[str, float]:
-        """This process (the gRPC client) and the server's main process."""
-        return {"client": time.process_time(), "server": process_cpu_seconds(self.server.pid)}
-
-    def roles(self) -> dict[str, list[int]]:
-        pid = self.server.pid
-        return {"client": [os.getpid()], "server": [pid], "engine": descendants(pid)}
-
-    async def close(self) -> int | None:
-        return await self.server.close()
+    async def request(self, text: str) -> tuple[float, tuple[int, ...], int]:
+        assert isinstance(self.server, VllmGrpcServer)
+        return await self.server.generate(text, max_tokens=MAX_TOKENS)
 
 
 async def warm_up(send: Send, count: int, concurrency: int) -> float:
@@ -568,18 +554,23 @@ async def warm_up(send: Send, count: int, concurrency: int) -> float:
     return time.perf_counter() - started
 
 
+class Contender(Protocol):
+    async def send(self, i: int) -> Sample: ...
+
+    def cpu_seconds(self) -> dict[str, float]: ...
+
+    def roles(self) -> dict[str, list[int]]: ...
+
+
 async def run_levels(
-    send: Send,
-    cpu_clock: CpuClock,
-    levels: Sequence[int],
-    per_level: Count,
-    label: str,
-    roles: Roles | None = None,
+    contender: Contender, levels: Sequence[int], per_level: Count, label: str
 ) -> dict[int, Level]:
     results: dict[int, Level] = {}
     for c in levels:
         indices = level_indices(c, per_level(c))
-        level = await closed_loop(send, c, indices, cpu_clock, roles)
+        level = await closed_loop(
+            contender.send, c, indices, contender.cpu_seconds, contender.roles
+        )
         results[c] = level
         engine = level.switches_per_request().get("engine")
         if engine is not None:
@@ -624,9 +615,7 @@ async def measure_in_process(
         start_s = await contender.start()
         print(f"  {label:<21} engine started in {start_s:.1f} s", flush=True)
         warmup_s = await warm_up(contender.send, warm, max(levels))
-        results = await run_levels(
-            contender.send, contender.cpu_seconds, levels, per_level, label, contender.roles
-        )
+        results = await run_levels(contender, levels, per_level, label)
         rss = tree_rss_bytes(os.getpid())
     finally:
         await contender.close()
@@ -639,7 +628,7 @@ async def measure_vllm_serve(
     levels: Sequence[int],
     per_level: Count,
     warm: int,
-    kind: type[VllmServe | VllmGrpc] = VllmServe,
+    kind: type[VllmServe] = VllmServe,
 ) -> Run:
     """vLLM's own server (``kind``: the OpenAI one, or its gRPC one) on a fresh engine."""
     contender = kind(settings, model)
@@ -647,14 +636,7 @@ async def measure_vllm_serve(
         start_s = await contender.start()
         print(f"  {contender.name:<21} healthy in {start_s:.1f} s", flush=True)
         warmup_s = await warm_up(contender.send, warm, max(levels))
-        results = await run_levels(
-            contender.send,
-            contender.cpu_seconds,
-            levels,
-            per_level,
-            contender.name,
-            contender.roles,
-        )
+        results = await run_levels(contender, levels, per_level, contender.name)
         rss = tree_rss_bytes(contender.server.pid)
     finally:
         code = await contender.close()
@@ -663,34 +645,19 @@ async def measure_vllm_serve(
 
 
 async def measure_mmgate(
-    model: str,
-    policies: Sequence[str],
-    levels: Sequence[int],
-    per_level: Count,
-    warm: int,
-    contender: Mmgate | None = None,
+    model: str, policies: Sequence[str], levels: Sequence[int], per_level: Count, warm: int
 ) -> list[Run]:
-    contender = contender or Mmgate(model)
+    contender = Mmgate(model)
     runs: list[Run] = []
     try:
         start_s = await contender.start()
-        print(
-            f"  {contender.prefix}mmgate serving in {start_s:.1f} s (log: {contender.log_path})",
-            flush=True,
-        )
+        print(f"  mmgate serving in {start_s:.1f} s (log: {contender.log_path})", flush=True)
         for n, policy in enumerate(policies):
             contender.policy = policy
             # a second policy gets its own prompts: its engine has seen the first one's
             contender.tag = "a" if n == 0 else "b"
             warmup_s = await warm_up(contender.send, warm, max(levels))
-            results = await run_levels(
-                contender.send,
-                contender.cpu_seconds,
-                levels,
-                per_level,
-                contender.name,
-                contender.roles,
-            )
+            results = await run_levels(contender, levels, per_level, contender.name)
             rss = tree_rss_bytes(contender.pid)
             runs.append(Run(contender.name, contender.tag, start_s, warmup_s, results, rss))
     finally:

@@ -16,79 +16,42 @@ contender do (this server takes token ids).
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
-import tempfile
 import time
 import uuid
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.config import EngineSettings
-from services.engine.worker import EngineWorker
-from tests.support import free_port
 
-from .openai_server import server_flags, shut_down
-
-START_TIMEOUT = 300.0
-STOP_TIMEOUT = 60.0
+from .openai_server import START_TIMEOUT, VllmProcess
 
 
-class VllmGrpcServer:
+class VllmGrpcServer(VllmProcess):
     """``vllm serve --grpc`` with mmgate's engine arguments, over loopback gRPC."""
 
+    module = "vllm.entrypoints.launchers.grpc_server"
+    log_prefix = "vllm-grpc-bench-"
+
     def __init__(self, settings: EngineSettings, model: str) -> None:
-        self.args = EngineWorker(settings, model).engine_args()
-        self.model = model
-        self.port = free_port()
-        self._process: asyncio.subprocess.Process | None = None
+        super().__init__(settings, model)
         self._channel: grpc.aio.Channel | None = None
-        self._log: IO[bytes] | None = None
         self._tokenizer: Any = None
 
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    @property
-    def pid(self) -> int:
-        assert self._process is not None, "not started"
-        return self._process.pid
-
-    def log_tail(self, lines: int = 40) -> str:
-        assert self._log is not None
-        return "\n".join(Path(self._log.name).read_text(errors="replace").splitlines()[-lines:])
-
     async def start(self, env: dict[str, str]) -> float:
-        """Start the server; seconds until its health service says SERVING."""
+        """Start the server; seconds until its health service says SERVING (its servicer runs a
+        planned warm-up of the engine first, ``SMG_VLLM_SERVICER_WARMUP``)."""
         from smg_grpc_proto import vllm_engine_pb2_grpc
         from transformers import AutoTokenizer
 
         self._tokenizer = AutoTokenizer.from_pretrained(self.model)
-        self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept open while it runs
-            prefix="vllm-grpc-bench-", suffix=".log", delete=False
-        )
-        command = [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.launchers.grpc_server",
-            *server_flags(self.args),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-        ]
         started = time.perf_counter()
-        self._process = await asyncio.create_subprocess_exec(
-            *command,
-            env={**os.environ, **env},
-            stdout=self._log,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,
-        )
+        process = await self.spawn(env)
         # the port opens only once the engine has started: retry the connection every 100 ms,
         # not on gRPC's growing backoff (which would add up to a minute to the start time)
         self._channel = grpc.aio.insecure_channel(
@@ -103,7 +66,7 @@ class VllmGrpcServer:
         health = health_pb2_grpc.HealthStub(self._channel)
         deadline = started + START_TIMEOUT
         while time.perf_counter() < deadline:
-            if self._process.returncode is not None:
+            if process.returncode is not None:
                 raise RuntimeError(f"vLLM's gRPC server exited:\n{self.log_tail()}")
             try:
                 reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=2.0)
@@ -153,8 +116,7 @@ class VllmGrpcServer:
         if self._channel is not None:
             channel, self._channel = self._channel, None
             await channel.close()
-        process, self._process = self._process, None
-        return await shut_down(process, self._log, STOP_TIMEOUT)
+        return await self.stop()
 
 
 __all__ = ["VllmGrpcServer"]
