@@ -19,6 +19,10 @@ defaults (float32 on a CPU, max_model_len 2048, max_num_seqs 32, 1 GiB of KV cac
                HTTP streaming (bench/openai_server.py)
   vllm-grpc    vLLM's own gRPC server (``vllm serve --grpc``) with the same engine arguments,
                over loopback gRPC streaming (bench/vllm_grpc.py): the transport without mmgate
+  mmgate-event-engine
+               mmgate with grpc's default poller (``GRPC_EXPERIMENTS=`` empty) instead of the
+               classic one ``mmgate serve`` chooses (services/cli/poller.py): that choice's
+               before and after
 
 Load: for each concurrency level (1, 4, 16), a closed loop: N workers, each sending its next
 request as soon as its last one finished, until the level's requests are done. Every request
@@ -62,6 +66,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Protocol
 
 from services.api.server import resolve_model
+from services.cli.poller import VARIABLE
 from services.client import MmgateClient, build_request
 from services.config import EngineSettings, Settings
 from services.engine.worker import EngineWorker
@@ -356,9 +361,10 @@ class InProcess:
 class Mmgate:
     """``mmgate serve`` in a child process with default settings, over loopback gRPC."""
 
-    def __init__(self, model: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, model: str, env: dict[str, str] | None = None, variant: str = "") -> None:
         self.model = model
         self.env = env or {}
+        self.variant = variant
         self.port = free_port()
         self.policy = "bypass"
         self.tag = "a"
@@ -368,7 +374,9 @@ class Mmgate:
 
     @property
     def name(self) -> str:
-        return f"mmgate ({self.policy})"
+        return (
+            f"mmgate {self.variant} ({self.policy})" if self.variant else f"mmgate ({self.policy})"
+        )
 
     @property
     def target(self) -> str:
@@ -640,9 +648,15 @@ async def measure_vllm_serve(
 
 
 async def measure_mmgate(
-    model: str, policies: Sequence[str], levels: Sequence[int], per_level: Count, warm: int
+    model: str,
+    policies: Sequence[str],
+    levels: Sequence[int],
+    per_level: Count,
+    warm: int,
+    env: dict[str, str] | None = None,
+    variant: str = "",
 ) -> list[Run]:
-    contender = Mmgate(model)
+    contender = Mmgate(model, env, variant)
     runs: list[Run] = []
     try:
         start_s = await contender.start()
@@ -821,6 +835,9 @@ async def main(args: argparse.Namespace) -> None:
             "in-process": lambda: _one(measure_in_process(e, model, levels, count, args.warmup)),
             "mmgate": lambda: measure_mmgate(model, policies, levels, count, args.warmup),
             "vllm-serve": lambda: _one(measure_vllm_serve(e, model, levels, count, args.warmup)),
+            "mmgate-event-engine": lambda: measure_mmgate(
+                model, policies, levels, count, args.warmup, {VARIABLE: ""}, "EventEngine"
+            ),
             "vllm-grpc": lambda: _one(
                 measure_vllm_serve(e, model, levels, count, args.warmup, VllmGrpc)
             ),
@@ -855,8 +872,9 @@ def _by_name(runs: Sequence[Run]) -> dict[str, Run]:
 def summarize(rounds: Sequence[Sequence[Run]], levels: Sequence[int]) -> None:
     """Across rounds: each mmgate row against each other contender, lowest / median / highest."""
     names = [run.name for run in rounds[0]]
-    mine = [n for n in names if n.startswith("mmgate")]
-    theirs = [n for n in names if not n.startswith("mmgate")]
+    # mmgate as it ships against every other row, its EventEngine variant included
+    mine = [n for n in names if n.startswith("mmgate (")]
+    theirs = [n for n in names if not n.startswith("mmgate (")]
     print(f"\nacross {len(rounds)} round(s): ratio lowest / median / highest")
     for m in mine:
         for t in theirs:
@@ -943,7 +961,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--contenders",
         nargs="+",
-        choices=["in-process", "mmgate", "vllm-serve", "vllm-grpc"],
+        choices=["in-process", "mmgate", "vllm-serve", "vllm-grpc", "mmgate-event-engine"],
         default=["in-process", "mmgate", "vllm-serve", "vllm-grpc"],
         help="who is measured, in this order in the first round",
     )
