@@ -216,7 +216,7 @@ def _text_ratios(folder: Path) -> dict[tuple[str, str, int], dict[str, list[floa
         data = json.loads(path.read_text())
         for runs in data["rounds"]:
             named = {run["name"]: run for run in runs}
-            mine = next((r for n, r in named.items() if n.startswith("mmgate (")), None)
+            mine = next((r for n, r in named.items() if n.startswith("mmgate")), None)
             if mine is None:
                 continue
             for name, run in named.items():

@@ -19,10 +19,6 @@ defaults (float32 on a CPU, max_model_len 2048, max_num_seqs 32, 1 GiB of KV cac
                HTTP streaming (bench/openai_server.py)
   vllm-grpc    vLLM's own gRPC server (``vllm serve --grpc``) with the same engine arguments,
                over loopback gRPC streaming (bench/vllm_grpc.py): the transport without mmgate
-  mmgate-event-engine
-               mmgate with grpc's default poller (``GRPC_EXPERIMENTS=`` empty) instead of the
-               classic one ``mmgate serve`` chooses (services/cli/poller.py): that choice's
-               before and after
 
 Load: for each concurrency level (1, 4, 16), a closed loop: N workers, each sending its next
 request as soon as its last one finished, until the level's requests are done. Every request
@@ -66,7 +62,6 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Protocol
 
 from services.api.server import resolve_model
-from services.cli.poller import VARIABLE
 from services.client import MmgateClient, build_request
 from services.config import EngineSettings, Settings
 from services.engine.worker import EngineWorker
@@ -361,10 +356,9 @@ class InProcess:
 class Mmgate:
     """``mmgate serve`` in a child process with default settings, over loopback gRPC."""
 
-    def __init__(self, model: str, env: dict[str, str] | None = None, variant: str = "") -> None:
+    def __init__(self, model: str, env: dict[str, str] | None = None) -> None:
         self.model = model
         self.env = env or {}
-        self.variant = variant
         self.port = free_port()
         self.policy = "bypass"
         self.tag = "a"
@@ -374,9 +368,7 @@ class Mmgate:
 
     @property
     def name(self) -> str:
-        return (
-            f"mmgate {self.variant} ({self.policy})" if self.variant else f"mmgate ({self.policy})"
-        )
+        return f"mmgate ({self.policy})"
 
     @property
     def target(self) -> str:
@@ -648,15 +640,9 @@ async def measure_vllm_serve(
 
 
 async def measure_mmgate(
-    model: str,
-    policies: Sequence[str],
-    levels: Sequence[int],
-    per_level: Count,
-    warm: int,
-    env: dict[str, str] | None = None,
-    variant: str = "",
+    model: str, policies: Sequence[str], levels: Sequence[int], per_level: Count, warm: int
 ) -> list[Run]:
-    contender = Mmgate(model, env, variant)
+    contender = Mmgate(model)
     runs: list[Run] = []
     try:
         start_s = await contender.start()
@@ -835,9 +821,6 @@ async def main(args: argparse.Namespace) -> None:
             "in-process": lambda: _one(measure_in_process(e, model, levels, count, args.warmup)),
             "mmgate": lambda: measure_mmgate(model, policies, levels, count, args.warmup),
             "vllm-serve": lambda: _one(measure_vllm_serve(e, model, levels, count, args.warmup)),
-            "mmgate-event-engine": lambda: measure_mmgate(
-                model, policies, levels, count, args.warmup, {VARIABLE: ""}, "EventEngine"
-            ),
             "vllm-grpc": lambda: _one(
                 measure_vllm_serve(e, model, levels, count, args.warmup, VllmGrpc)
             ),
@@ -872,9 +855,8 @@ def _by_name(runs: Sequence[Run]) -> dict[str, Run]:
 def summarize(rounds: Sequence[Sequence[Run]], levels: Sequence[int]) -> None:
     """Across rounds: each mmgate row against each other contender, lowest / median / highest."""
     names = [run.name for run in rounds[0]]
-    # mmgate as it ships against every other row, its EventEngine variant included
-    mine = [n for n in names if n.startswith("mmgate (")]
-    theirs = [n for n in names if not n.startswith("mmgate (")]
+    mine = [n for n in names if n.startswith("mmgate")]
+    theirs = [n for n in names if not n.startswith("mmgate")]
     print(f"\nacross {len(rounds)} round(s): ratio lowest / median / highest")
     for m in mine:
         for t in theirs:
@@ -961,7 +943,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--contenders",
         nargs="+",
-        choices=["in-process", "mmgate", "vllm-serve", "vllm-grpc", "mmgate-event-engine"],
+        choices=["in-process", "mmgate", "vllm-serve", "vllm-grpc"],
         default=["in-process", "mmgate", "vllm-serve", "vllm-grpc"],
         help="who is measured, in this order in the first round",
     )
