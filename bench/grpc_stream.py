@@ -28,11 +28,11 @@ from collections.abc import Sequence
 
 import grpc
 
-from services.cli.poller import CLASSIC_POLLER
 from tests.support import free_port
 
 from .service import context_switches, process_cpu_seconds
 
+CLASSIC_POLLER = "-event_engine_client,-event_engine_listener,-event_engine_for_all_other_endpoints"
 VARIANTS = {"default": "", "classic-poller": CLASSIC_POLLER}
 METHOD = "/bench.Stream/Messages"
 

@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
-import os
 import signal
 import sys
 import time
@@ -28,7 +26,6 @@ import grpc
 
 from ..client import DEFAULT_TARGET, MmgateClient
 from . import arguments, bench
-from .poller import VARIABLE, describe
 from .stats_view import render_stats
 
 
@@ -49,9 +46,6 @@ def _serve(argv: Sequence[str]) -> int:
         return 2
     # each line carries the trace and span ids of the request it was logged in
     configure_logging(settings.log_level, settings.log_format)
-    logging.getLogger("mmgate.server").info(
-        "gRPC poller: %s", describe(os.environ.get(VARIABLE, ""))
-    )
     asyncio.run(serve(settings))
     return 0
 
