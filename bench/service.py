@@ -1,6 +1,7 @@
 """What mmgate's gRPC front costs against vLLM's ``AsyncLLM`` used in-process, measured in one run.
 
     python -m bench.service [--requests-per-level N] [--cache-policy bypass|prompt|both]
+        [--contenders ...] [--rounds N] [--dtype D] [--stream-intervals 1 4]
     python -m bench.service --compare-compilation      (in-process only: eager vs compiled)
                                                         (make bench-service)
 
@@ -41,6 +42,11 @@ also records how much of the machine's CPU went to other processes than this one
 descendants, and to the hypervisor (steal): a level above 3% is flagged as disturbed, since on a
 small shared machine that moves the figures by more than the goals' margins.
 
+--stream-intervals runs every contender at each of vLLM's ``stream_interval`` values (tokens per
+streamed message; ``MMGATE_ENGINE__STREAM_INTERVAL`` for mmgate, ``--stream-interval`` for vLLM's
+servers), and prints each mmgate row against the others at the same interval and against mmgate
+at interval 1.
+
 --compare-compilation measures the in-process contender alone, once with enforce_eager=True
 and once with vLLM's default compilation (enforce_eager=False): engine start time, warm-up time
 and throughput at concurrency 1 and 16, printed as compiled / eager ratios.
@@ -50,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -640,9 +647,14 @@ async def measure_vllm_serve(
 
 
 async def measure_mmgate(
-    model: str, policies: Sequence[str], levels: Sequence[int], per_level: Count, warm: int
+    model: str,
+    policies: Sequence[str],
+    levels: Sequence[int],
+    per_level: Count,
+    warm: int,
+    stream_interval: int = 1,
 ) -> list[Run]:
-    contender = Mmgate(model)
+    contender = Mmgate(model, {"MMGATE_ENGINE__STREAM_INTERVAL": str(stream_interval)})
     runs: list[Run] = []
     try:
         start_s = await contender.start()
@@ -817,30 +829,42 @@ async def main(args: argparse.Namespace) -> None:
             f"contenders {args.contenders}, {args.rounds} round(s), alternated",
             flush=True,
         )
-        measures: dict[str, Callable[[], Awaitable[list[Run]]]] = {
-            "in-process": lambda: _one(measure_in_process(e, model, levels, count, args.warmup)),
-            "mmgate": lambda: measure_mmgate(model, policies, levels, count, args.warmup),
-            "vllm-serve": lambda: _one(measure_vllm_serve(e, model, levels, count, args.warmup)),
-            "vllm-grpc": lambda: _one(
-                measure_vllm_serve(e, model, levels, count, args.warmup, VllmGrpc)
-            ),
-        }
+
+        def measure(name: str, interval: int) -> Awaitable[list[Run]]:
+            engine = e.model_copy(update={"stream_interval": interval})
+            if name == "mmgate":
+                return measure_mmgate(model, policies, levels, count, args.warmup, interval)
+            if name == "in-process":
+                return _one(measure_in_process(engine, model, levels, count, args.warmup))
+            kind = VllmGrpc if name == "vllm-grpc" else VllmServe
+            return _one(measure_vllm_serve(engine, model, levels, count, args.warmup, kind))
+
+        # every contender at every stream interval; a name carries its interval when above 1
+        entries = [(name, k) for name in args.contenders for k in args.stream_intervals]
         rounds: list[list[Run]] = []
         for n in range(args.rounds):
             # each round starts with the next contender: none always has the coolest machine
-            order = (
-                args.contenders[n % len(args.contenders) :]
-                + args.contenders[: n % len(args.contenders)]
-            )
-            print(f"round {n + 1}: {', '.join(order)}", flush=True)
-            runs = [run for name in order for run in await measures[name]()]
+            order = entries[n % len(entries) :] + entries[: n % len(entries)]
+            print(f"round {n + 1}: {', '.join(f'{c} /{k}' for c, k in order)}", flush=True)
+            runs = [
+                dataclasses.replace(run, name=with_interval(run.name, k))
+                for name, k in order
+                for run in await measure(name, k)
+            ]
             base = next((r for r in runs if r.name == "in-process"), None)
             if base is not None:
                 report(base, [r for r in runs if r is not base], levels)
             rounds.append(runs)
         summarize(rounds, levels)
         if args.json is not None:
-            write_json(args.json, rounds, levels, dtype=dtype, model=model)
+            write_json(
+                args.json,
+                rounds,
+                levels,
+                dtype=dtype,
+                model=model,
+                stream_intervals=" ".join(map(str, args.stream_intervals)),
+            )
     print(f"\nwhole run: {time.perf_counter() - started:.0f} s")
 
 
@@ -852,14 +876,27 @@ def _by_name(runs: Sequence[Run]) -> dict[str, Run]:
     return {run.name: run for run in runs}
 
 
+def with_interval(name: str, interval: int) -> str:
+    """A contender's name at a stream interval: "mmgate (prompt) /4"; at 1, the name alone."""
+    return name if interval == 1 else f"{name} /{interval}"
+
+
+def interval_of(name: str) -> int:
+    head, _, tail = name.rpartition(" /")
+    return int(tail) if head and tail.isdigit() else 1
+
+
 def summarize(rounds: Sequence[Sequence[Run]], levels: Sequence[int]) -> None:
-    """Across rounds: each mmgate row against each other contender, lowest / median / highest."""
+    """Across rounds, lowest / median / highest: each mmgate row against each other contender at
+    the same stream interval, and against mmgate at interval 1 (the interval's before and after)."""
     names = [run.name for run in rounds[0]]
     mine = [n for n in names if n.startswith("mmgate")]
     theirs = [n for n in names if not n.startswith("mmgate")]
     print(f"\nacross {len(rounds)} round(s): ratio lowest / median / highest")
     for m in mine:
-        for t in theirs:
+        k = interval_of(m)
+        base = [n for n in mine if interval_of(n) == 1 and k > 1 and with_interval(n, k) == m]
+        for t in [n for n in theirs if interval_of(n) == k] + base:
             for c in levels:
                 pairs = [(_by_name(r)[m].levels[c], _by_name(r)[t].levels[c]) for r in rounds]
                 tok = sorted(a.throughput / b.throughput for a, b in pairs)
@@ -958,6 +995,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="closed-loop rounds per level: max(4 x loops, loops x concurrency) requests",
     )
     parser.add_argument("--dtype", default=None, help="the engines' dtype (default: mmgate's)")
+    parser.add_argument(
+        "--stream-intervals",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="vLLM's stream_interval (tokens per streamed message) for every engine: each"
+        " contender runs at each, its name ending in /N above 1 (default: 1)",
+    )
     parser.add_argument(
         "--compare-compilation",
         action="store_true",

@@ -61,6 +61,11 @@ class EngineSettings(BaseModel):
     """No graph compilation: on CPU, starts in ~17 s instead of 67-121 s for 20% less throughput."""
     seed: int = 0
     """The engine's random seed."""
+    stream_interval: int = Field(1, gt=0)
+    """Tokens per streamed message, at least (vLLM's stream_interval): the first token and the
+    last delta go at once, the rest in groups of this many. 1: every engine step, as it comes;
+    higher: fewer gRPC messages and less CPU a token (docs/benchmarks.md), coarser streaming. A
+    request's SamplingParams.stream_interval can raise it, not lower it."""
     extra: dict[str, Any] = Field(default_factory=dict)
     """Any other vLLM engine argument, as JSON: '{"swap_space": 2}'."""
 

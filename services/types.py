@@ -41,6 +41,7 @@ class Sampling:
     repetition_penalty: float | None = None
     min_p: float | None = None
     ignore_eos: bool = False
+    stream_interval: int | None = None
 
     @property
     def deterministic(self) -> bool:

@@ -214,6 +214,11 @@ def _sampling(
             "in (0, 10]",
         ),
         ("seed", s.seed >= 0, "not negative"),
+        (
+            "stream_interval",
+            1 <= s.stream_interval <= max_model_len,
+            f"between 1 and {max_model_len}",
+        ),
     ]
     for name, ok, rule in checks:
         if s.HasField(name) and not ok:
@@ -240,5 +245,6 @@ def _sampling(
         repetition_penalty=optional("repetition_penalty"),
         min_p=optional("min_p"),
         ignore_eos=s.ignore_eos,
+        stream_interval=s.stream_interval if s.HasField("stream_interval") else None,
     )
     return sampling, max_tokens_set

@@ -107,6 +107,7 @@ class EngineWorker:
             "tensor_parallel_size": s.tensor_parallel_size,
             "enforce_eager": s.enforce_eager,
             "seed": s.seed,
+            "stream_interval": s.stream_interval,
             "enable_log_requests": False,
         }
         if s.block_size is not None:
@@ -215,6 +216,7 @@ class EngineWorker:
                     "frequency_penalty",
                     "repetition_penalty",
                     "min_p",
+                    "stream_interval",
                 )
                 if (value := getattr(sampling, name)) is not None
             },

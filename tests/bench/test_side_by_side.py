@@ -14,7 +14,7 @@ import pytest
 
 from bench import grpc_stream
 from bench.openai_server import descendants, server_flags
-from bench.service import context_switches
+from bench.service import context_switches, interval_of, with_interval
 from services.config import EngineSettings
 from services.engine.worker import EngineWorker
 
@@ -25,7 +25,10 @@ def test_vllms_server_parses_back_mmgates_engine_arguments(images: int | None) -
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     settings = EngineSettings(
-        dtype="bfloat16", max_model_len=1024, extra={"max_num_batched_tokens": 512}
+        dtype="bfloat16",
+        max_model_len=1024,
+        stream_interval=4,
+        extra={"max_num_batched_tokens": 512},
     )
     worker = EngineWorker(settings, "/models/smol")
     if images is not None:
@@ -47,12 +50,21 @@ def test_vllms_server_parses_back_mmgates_engine_arguments(images: int | None) -
         if not same(getattr(ours, name), getattr(theirs, name))
     }
     assert differ == {}
-    assert {"dtype", "max_model_len", "kv_cache_memory_bytes"} <= set(chosen)
+    assert {"dtype", "max_model_len", "kv_cache_memory_bytes", "stream_interval"} <= set(chosen)
     assert (theirs.model, theirs.seed) == (ours.model, ours.seed)
     assert theirs.dtype == "bfloat16"
     assert theirs.kv_cache_memory_bytes == settings.kv_cache_memory_bytes
     assert theirs.max_num_batched_tokens == 512
+    assert theirs.stream_interval == 4
     assert (theirs.limit_mm_per_prompt or {}).get("image") == images
+
+
+@pytest.mark.parametrize("name", ["mmgate (prompt)", "vllm serve", "in-process"])
+def test_a_contenders_name_carries_its_stream_interval(name: str) -> None:
+    assert with_interval(name, 1) == name
+    assert interval_of(name) == 1
+    assert with_interval(name, 4) == f"{name} /4"
+    assert interval_of(with_interval(name, 16)) == 16
 
 
 def same(ours: object, theirs: object) -> bool:

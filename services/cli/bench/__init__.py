@@ -94,6 +94,13 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     mix.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
     mix.add_argument("--cache-policy", choices=["prompt", "response", "bypass"], default="prompt")
     mix.add_argument(
+        "--stream-interval",
+        metavar="N",
+        type=arguments.count,
+        default=None,
+        help="tokens per streamed message (default: the server's)",
+    )
+    mix.add_argument(
         "--image-ratio",
         metavar="SHARE",
         type=arguments.share,
@@ -190,6 +197,7 @@ def main(args: argparse.Namespace) -> int:
         prompt_words=args.prompt_words,
         temperature=args.temperature,
         cache_policy=args.cache_policy,
+        stream_interval=args.stream_interval,
         image_ratio=args.image_ratio,
         image_repeat=args.image_repeat,
         working_set=args.working_set,

@@ -29,6 +29,7 @@ class Mix:
     prompt_words: int = 12
     temperature: float = 0.0
     cache_policy: str = "prompt"
+    stream_interval: int | None = None  # tokens per streamed message; None: the server's
     image_ratio: float = 0.0  # share of requests that carry an image
     image_repeat: float = 0.5  # share of image requests that reuse one of the working set
     working_set: int = 16  # distinct images requests reuse
@@ -113,6 +114,7 @@ class Workload:
                 max_tokens=mix.max_tokens,
                 temperature=0.0,
                 cache_policy="response",
+                stream_interval=mix.stream_interval,
             )
         if self._burst_left and self._burst is not None:
             self._burst_left -= 1
@@ -126,6 +128,7 @@ class Workload:
             max_tokens=mix.max_tokens,
             temperature=mix.temperature,
             cache_policy=mix.cache_policy,
+            stream_interval=mix.stream_interval,
         )
         return Planned(index, request, "image" if images else "text")
 

@@ -46,6 +46,26 @@ async def test_unary_equals_the_stream(client: MmgateClient) -> None:
     assert complete.final.usage.completion_tokens == 16
 
 
+async def test_a_stream_interval_sends_the_same_tokens_in_fewer_messages(
+    client: MmgateClient,
+) -> None:
+    options: dict[str, Any] = {"max_tokens": 10, "temperature": 0.0, "ignore_eos": True}
+    one = await collect(client, build_request("Tell me about dogs", **options))
+    grouped = await collect(
+        client, build_request("Tell me about dogs", stream_interval=4, **options)
+    )
+    sizes = [len(e.delta.token_ids) for e in grouped[:-1]]
+    # vLLM sends the first token at once, then groups of 4, then the rest: [1, 4, 4, 1] (fewer,
+    # larger ones where the server's reader fell behind and vLLM merged them)
+    assert sum(sizes) == 10
+    assert len(sizes) <= 4
+    assert [i for e in grouped[:-1] for i in e.delta.token_ids] == [
+        i for e in one[:-1] for i in e.delta.token_ids
+    ]
+    assert "".join(e.delta.text for e in grouped[:-1]) == "".join(e.delta.text for e in one[:-1])
+    assert grouped[-1].final.usage.completion_tokens == 10
+
+
 async def test_raw_prompt(client: MmgateClient) -> None:
     complete = await client.complete("Once upon a time", raw=True, max_tokens=5, ignore_eos=True)
     assert complete.final.usage.completion_tokens == 5

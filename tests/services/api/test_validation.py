@@ -73,12 +73,22 @@ def test_bad_input_names_the_field(request_: pb.GenerateRequest, field: str) -> 
         ("frequency_penalty", -3.0),
         ("repetition_penalty", 0.0),
         ("seed", -1),
+        ("stream_interval", 0),
+        ("stream_interval", MAX_MODEL_LEN + 1),
     ],
 )
 def test_impossible_sampling_values(name: str, value: float) -> None:
     request = pb.GenerateRequest(prompt="hi")
     setattr(request.sampling, name, value)
     assert fields_of(request) == {f"sampling.{name}"}
+
+
+def test_a_stream_interval_is_the_requests_own_and_unset_leaves_the_servers() -> None:
+    request = pb.GenerateRequest(prompt="hi")
+    assert validate(request, SETTINGS, max_model_len=MAX_MODEL_LEN).sampling.stream_interval is None
+    request.sampling.stream_interval = MAX_MODEL_LEN
+    checked = validate(request, SETTINGS, max_model_len=MAX_MODEL_LEN)
+    assert checked.sampling.stream_interval == MAX_MODEL_LEN
 
 
 def test_stop_strings_are_bounded() -> None:

@@ -46,16 +46,32 @@ class PacedEngine:
         yield EngineDelta(" world", (2,), finish_reason="stop")
 
 
-def shared_request() -> Request:
+def shared_request(stream_interval: int | None = None) -> Request:
     checked = GenerationRequest(
         prompt="hi",
         chat=None,
-        sampling=Sampling(max_tokens=8, temperature=0.0),
+        sampling=Sampling(max_tokens=8, temperature=0.0, stream_interval=stream_interval),
         max_tokens_set=True,
         request_id="r",
         cache_policy="response",
     )
     return Request(checked, "default", time.monotonic() + 30)
+
+
+async def test_a_request_streamed_in_other_groups_runs_on_its_own() -> None:
+    # the same tokens, but a caller who asked for every token as it comes must not get a run's
+    # groups of 4 (or the other way round)
+    engine = PacedEngine()
+    async with CacheActor() as cache:
+        pipeline = Pipeline(Settings(), engine, cache)
+        first = pipeline.generate(shared_request())
+        assert isinstance(await anext(first), EngineDelta)
+        grouped = pipeline.generate(shared_request(stream_interval=4))
+        assert isinstance(await anext(grouped), EngineDelta)
+        assert engine.runs == 2
+        engine.go_on.set()
+        for stream in (first, grouped):
+            assert isinstance([event async for event in stream][-1], Finished)
 
 
 async def test_a_request_joins_a_run_in_the_middle() -> None:
