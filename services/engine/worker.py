@@ -107,11 +107,13 @@ class EngineWorker:
             "tensor_parallel_size": s.tensor_parallel_size,
             "enforce_eager": s.enforce_eager,
             "seed": s.seed,
-            "stream_interval": s.stream_interval,
             "enable_log_requests": False,
         }
         if s.block_size is not None:
             kwargs["block_size"] = s.block_size
+        if s.stream_interval > 1:
+            # only when raised: at 1, vLLM's default stands (and a vLLM without it still starts)
+            kwargs["stream_interval"] = s.stream_interval
         if s.kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = s.kv_cache_memory_bytes
         if self._image_limit is not None:
