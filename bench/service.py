@@ -831,9 +831,9 @@ async def main(args: argparse.Namespace) -> None:
         )
 
         def measure(name: str, interval: int) -> Awaitable[list[Run]]:
-            engine = e.model_copy(update={"stream_interval": interval})
             if name == "mmgate":
                 return measure_mmgate(model, policies, levels, count, args.warmup, interval)
+            engine = e.model_copy(update={"stream_interval": interval})
             if name == "in-process":
                 return _one(measure_in_process(engine, model, levels, count, args.warmup))
             kind = VllmGrpc if name == "vllm-grpc" else VllmServe
@@ -895,7 +895,7 @@ def summarize(rounds: Sequence[Sequence[Run]], levels: Sequence[int]) -> None:
     print(f"\nacross {len(rounds)} round(s): ratio lowest / median / highest")
     for m in mine:
         k = interval_of(m)
-        base = [n for n in mine if interval_of(n) == 1 and k > 1 and with_interval(n, k) == m]
+        base = [n for n in mine if k > 1 and with_interval(n, k) == m]  # the same at 1
         for t in [n for n in theirs if interval_of(n) == k] + base:
             for c in levels:
                 pairs = [(_by_name(r)[m].levels[c], _by_name(r)[t].levels[c]) for r in rounds]
