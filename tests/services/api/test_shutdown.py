@@ -2,6 +2,8 @@
 grace period, then everything closes and the process exits cleanly."""
 
 import asyncio
+import os
+import signal
 from pathlib import Path
 
 import grpc
@@ -9,7 +11,7 @@ import pytest
 
 from services.client import MmgateClient, build_request
 
-from ..conftest import start_server
+from ..conftest import RunningServer, start_server
 
 
 def children_of(pid: int) -> set[int]:
@@ -26,18 +28,35 @@ def children_of(pid: int) -> set[int]:
     return found
 
 
+# tokens the in-flight request asks for: as many as the test server's context (1024) leaves, so
+# that it is still generating when the late call arrives (300 could all be out by then on a fast
+# host, and a server with nothing left to drain is right to be gone)
+DRAIN_TOKENS = 1000
+
+
 async def test_sigterm_drains_and_exits(tiny_model: str, tmp_path: Path) -> None:
     server = start_server(tmp_path, tiny_model, MMGATE_SHUTDOWN_GRACE_SECONDS="60")
+    try:
+        await _drain(server)
+    finally:
+        if server.process.poll() is None:  # a failure above: leave no server behind
+            os.killpg(server.process.pid, signal.SIGKILL)
+            server.process.wait(timeout=30)
+
+
+async def _drain(server: RunningServer) -> None:
     # the port opens before the engine is ready: NOT_SERVING first, then SERVING
     assert server.startup_statuses[0] == _NOT_SERVING
     assert server.startup_statuses[-1] == 1  # SERVING
     assert children_of(server.process.pid)  # the engine core runs in a child process
     async with MmgateClient(server.target, timeout=120) as client:
-        request = build_request("Drain me", max_tokens=300, ignore_eos=True, temperature=0.0)
+        request = build_request(
+            "Drain me", max_tokens=DRAIN_TOKENS, ignore_eos=True, temperature=0.0
+        )
         stream = aiter(client.generate(request))
         events = [await anext(stream)]  # in flight
 
-        server.process.send_signal(__import__("signal").SIGTERM)
+        server.process.send_signal(signal.SIGTERM)
         watch = aiter(client.health_stub.Watch(_health_request(), timeout=30))
         statuses = [(await anext(watch)).status]
         while statuses[-1] != _NOT_SERVING:
@@ -49,7 +68,7 @@ async def test_sigterm_drains_and_exits(tiny_model: str, tmp_path: Path) -> None
 
         events += [event async for event in stream]  # the in-flight stream completes
     final = events[-1].final
-    assert final.usage.completion_tokens == 300
+    assert final.usage.completion_tokens == DRAIN_TOKENS
 
     exit_code = await asyncio.to_thread(server.process.wait, 90)
     assert exit_code == 0, server.log()
