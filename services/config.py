@@ -8,10 +8,11 @@ Each field's docstring is its help text in ``mmgate serve --help``.
 from __future__ import annotations
 
 import os
+from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, IPvAnyNetwork, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cache_actor import CacheConfig
@@ -241,6 +242,10 @@ class RedisSettings(BaseModel):
     """Consecutive failed reads that open the circuit breaker."""
     breaker_seconds: float = Field(10.0, ge=0)
     """How long an open breaker stops asking Redis."""
+    value_secret_file: Path | None = None
+    """A file holding a secret shared by the replicas: each value then carries an HMAC-SHA256 of
+    its key and bytes, so that only a holder of the secret can write a value mmgate will read;
+    unset: values are bound to their key by a checked header alone."""
 
 
 class Grant(BaseModel):
@@ -258,6 +263,11 @@ class Grant(BaseModel):
     def _shorthand(cls, value: Any) -> Any:
         # "a-tenant" for {"tenant": "a-tenant"}: the common case of a plain mapping
         return {"tenant": value} if isinstance(value, str) else value
+
+
+def _istio_sidecar() -> list[IPv4Network | IPv6Network]:
+    """Where Istio's sidecar connects from in its default REDIRECT mode."""
+    return [IPv4Network("127.0.0.6/32"), IPv6Network("::6/128")]
 
 
 class AuthSettings(BaseModel):
@@ -282,9 +292,20 @@ class AuthSettings(BaseModel):
     """The server's private key (PEM)."""
     client_ca_file: Path | None = None
     """mtls mode: the CA bundle client certificates must chain to."""
+    tokens_missing_grace_seconds: float = Field(30.0, ge=0)
+    """token mode: how long the tokens file may be missing (a Secret update swaps a symlink)
+    before every token is refused; service resumes when the file returns."""
     identities: dict[str, Grant] = Field(default_factory=dict)
     """mtls and mesh modes: grants by identity: a client certificate's URI SAN, DNS SAN or CN
     (mtls), the caller's SPIFFE URI from x-forwarded-client-cert (mesh)."""
+    sidecar_peers: list[IPvAnyNetwork] = Field(default_factory=_istio_sidecar)
+    """mesh mode: the addresses (or CIDRs) the sidecar connects from; x-forwarded-client-cert
+    from any other peer is refused. Istio's REDIRECT mode: 127.0.0.6 and ::6 (the default); in
+    TPROXY mode the caller's own address shows: list the pod CIDR there (docs/security.md)."""
+    sidecar_xfcc: Literal["append_forward", "sanitize_set"] = "append_forward"
+    """mesh mode: how the sidecar writes x-forwarded-client-cert (Envoy's
+    forward_client_cert_details): append_forward (Istio's sidecar default) believes the last
+    element; sanitize_set refuses any header holding more than the sidecar's own element."""
     protect_health: bool = False
     """Ask health checks for credentials too (kubelet's gRPC probes send none)."""
     protect_reflection: bool = False
@@ -306,6 +327,30 @@ class AuthSettings(BaseModel):
         """The tenants the configuration names (a tokens file may name more once loaded)."""
         grants = [*self.tokens.values(), *self.identities.values()]
         return frozenset(g.tenant for g in grants if g.role == "tenant")
+
+
+class ConnectionSettings(BaseModel):
+    """HTTP/2 connections: the pings mmgate tolerates and sends, and how long a connection lives
+    (see docs/service.md, "Connections")."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    min_ping_interval_seconds: float = Field(1.0, gt=0)
+    """A client's pings closer together than this (while mmgate sends nothing) are strikes."""
+    max_ping_strikes: int = Field(3, ge=0)
+    """Strikes before the connection is closed with GOAWAY too_many_pings (0: never)."""
+    permit_pings_without_calls: bool = True
+    """Accept keepalive pings on a connection with no call in flight (an idle pooled channel)."""
+    keepalive_seconds: float = Field(60.0, gt=0)
+    """mmgate pings a connection quiet for this long, to find peers that have gone."""
+    keepalive_timeout_seconds: float = Field(20.0, gt=0)
+    """A ping unanswered for this long closes the connection."""
+    max_age_seconds: float | None = Field(None, gt=0)
+    """Close connections older than this (GOAWAY; calls in flight go on for the grace period),
+    so clients of a plain Kubernetes Service reconnect and reach new replicas; unset: never
+    (a mesh balances per request)."""
+    max_age_grace_seconds: float = Field(600.0, gt=0)
+    """How long calls on an aged connection may still run: longer than the longest stream."""
 
 
 class TenantSettings(BaseModel):
@@ -429,6 +474,7 @@ class Settings(BaseSettings):
     redis: RedisSettings = Field(default_factory=RedisSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     tenants: TenantSettings = Field(default_factory=TenantSettings)
+    connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
     max_message_bytes: int = Field(32 * MiB, gt=0)
     """Largest request; up to twice this gets INVALID_ARGUMENT, beyond that gRPC refuses it."""
     max_prompt_chars: int = Field(200_000, gt=0)

@@ -36,6 +36,7 @@ INJECTED_FAULT: Final = "INJECTED_FAULT"  # a chaos run's fault (never with chao
 CREDENTIALS_MISSING: Final = "CREDENTIALS_MISSING"
 CREDENTIALS_INVALID: Final = "CREDENTIALS_INVALID"
 TENANT_MISMATCH: Final = "TENANT_MISMATCH"  # x-mmgate-tenant names another tenant
+UNTRUSTED_PEER: Final = "UNTRUSTED_PEER"  # mesh mode: the connection is not the sidecar's
 ADMIN_ONLY: Final = "ADMIN_ONLY"
 ENTRY_NOT_FOUND: Final = "ENTRY_NOT_FOUND"  # another tenant's entry: as if there were none
 TENANT_OVERLOADED: Final = "TENANT_OVERLOADED"  # the tenant's own share of requests is in use
@@ -82,6 +83,7 @@ __all__ = [
     "TENANT_MISMATCH",
     "TENANT_OVERLOADED",
     "TRACE_HEADERS",
+    "UNTRUSTED_PEER",
     "digest_of",
     "is_digest",
 ]

@@ -15,9 +15,18 @@ def metadata_value(context: grpc.aio.ServicerContext, name: str) -> str | None:
     return None
 
 
+def metadata_values(context: grpc.aio.ServicerContext, name: str) -> list[str]:
+    """Every value the call's metadata gives ``name`` (a header may be sent more than once)."""
+    return [
+        value if isinstance(value, str) else value.decode()
+        for key, value in context.invocation_metadata() or ()
+        if key == name
+    ]
+
+
 def trace_headers(context: grpc.aio.ServicerContext) -> dict[str, str]:
     """The client's W3C trace context (traceparent, tracestate), for the engine's own spans."""
     return {name: value for name in TRACE_HEADERS if (value := metadata_value(context, name))}
 
 
-__all__ = ["metadata_value", "trace_headers"]
+__all__ = ["metadata_value", "metadata_values", "trace_headers"]

@@ -213,7 +213,7 @@ def _sampling(
             _finite(s.repetition_penalty) and 0 < s.repetition_penalty <= 10,
             "in (0, 10]",
         ),
-        ("seed", s.seed >= 0, "not negative"),
+        ("seed", s.seed >= 0, "0 or more"),
         (
             "stream_interval",
             1 <= s.stream_interval <= max_model_len,

@@ -7,6 +7,7 @@ dashboards scrape: the page level's ratio.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
@@ -59,6 +60,8 @@ class Snapshot:
     tier_refused: int  # second-tier values that failed a check
     chaos_enabled: bool
     chaos_injected: Mapping[tuple[str, str], int]  # (point, fault) -> times injected
+    # calls refused by authentication, by ErrorInfo reason
+    auth_refused: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 def media_outcome(outcome: str, tier: str) -> str:
@@ -412,6 +415,15 @@ def _service(s: Snapshot) -> Iterator[Metric]:
     for (point, fault), count in sorted(s.chaos_injected.items()):
         injected.add_metric([point, fault], count)
     yield injected
+    refused = CounterMetricFamily(
+        "mmgate_auth_refused_total",
+        "Calls refused by authentication, by reason (UNTRUSTED_PEER: mesh mode, a connection "
+        "that is not the sidecar's).",
+        labels=["reason"],
+    )
+    for reason, count in sorted(s.auth_refused.items()):
+        refused.add_metric([reason], count)
+    yield refused
     info = InfoMetricFamily("mmgate", "The model served, the media mode and mmgate's version.")
     info.add_metric([], {"model": s.model, "media_mode": s.media_mode, "version": _VERSION})
     yield info

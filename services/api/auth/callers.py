@@ -3,7 +3,8 @@
     none   LabelAuth        x-mmgate-tenant is a label (any caller may name any tenant): admin
     token  TokenAuth        authorization: Bearer <token> ─▶ TokenTable ─▶ grant
     mtls   CertificateAuth  the verified client certificate's URI/DNS SAN or CN ─▶ identities
-    mesh   MeshAuth         the sidecar's x-forwarded-client-cert URI ─▶ identities
+    mesh   MeshAuth         from the sidecar's address only: its x-forwarded-client-cert URI
+                            ─▶ identities
 
 Each answers ``grant(context)`` with the credential's Grant or raises Unauthenticated. What the
 tenant header may then say is the gate's rule (gate.py), the same for every mode.
@@ -18,10 +19,15 @@ import grpc
 
 from ...config import AuthSettings, Grant
 from ...errors import Unauthenticated
-from ...wire import AUTHORIZATION_HEADER, CREDENTIALS_INVALID, CREDENTIALS_MISSING
-from ..metadata import metadata_value
+from ...wire import (
+    AUTHORIZATION_HEADER,
+    CREDENTIALS_INVALID,
+    CREDENTIALS_MISSING,
+    UNTRUSTED_PEER,
+)
+from ..metadata import metadata_value, metadata_values
 from .certs import peer_identities
-from .mesh import XFCC_HEADER, forwarded_identity
+from .mesh import XFCC_HEADER, MalformedHeader, SidecarPeers, forwarded_identity
 from .tokens import TokenTable
 
 
@@ -40,8 +46,8 @@ class Authenticator(Protocol):
         """Read credentials anew where they come from files (SIGHUP)."""
         ...
 
-    def changed(self) -> bool:
-        """Whether a credentials file has changed since it was last read."""
+    def refresh(self) -> None:
+        """The poll: read credentials files that have changed (or gone missing)."""
         ...
 
 
@@ -51,8 +57,8 @@ class _Fixed:
     def reload(self) -> None:
         return None
 
-    def changed(self) -> bool:
-        return False
+    def refresh(self) -> None:
+        return None
 
 
 @final
@@ -91,8 +97,8 @@ class TokenAuth:
     def reload(self) -> None:
         self.table.reload()
 
-    def changed(self) -> bool:
-        return self.table.changed()
+    def refresh(self) -> None:
+        self.table.refresh()
 
 
 class _Identities(_Fixed):
@@ -125,9 +131,27 @@ class CertificateAuth(_Identities):
 class MeshAuth(_Identities):
     mode = "mesh"
 
+    def __init__(
+        self, identities: Mapping[str, Grant], sidecar: SidecarPeers, *, sanitized: bool
+    ) -> None:
+        super().__init__(identities)
+        self.sidecar = sidecar
+        self.sanitized = sanitized
+
     def grant(self, context: grpc.aio.ServicerContext) -> Grant:
-        header = metadata_value(context, XFCC_HEADER)
-        identity = forwarded_identity(header) if header else None
+        # a header is only as true as the connection it came on: the sidecar's, or no one's
+        if context.peer() not in self.sidecar:
+            raise Unauthenticated(
+                "this connection does not come from the mesh sidecar", UNTRUSTED_PEER
+            )
+        try:
+            identity = forwarded_identity(
+                metadata_values(context, XFCC_HEADER), sanitized=self.sanitized
+            )
+        except MalformedHeader as exc:
+            raise Unauthenticated(
+                f"x-forwarded-client-cert is not the sidecar's: {exc}", CREDENTIALS_INVALID
+            ) from None
         if identity is None:
             raise Unauthenticated(
                 "no caller identity from the mesh (x-forwarded-client-cert)", CREDENTIALS_MISSING
@@ -143,11 +167,20 @@ class MeshAuth(_Identities):
 def authenticator(settings: AuthSettings) -> Authenticator:
     """The variant the mode names; a bad tokens file refuses to start (ValueError)."""
     if settings.mode == "token":
-        return TokenAuth(TokenTable(settings.tokens_file, settings.tokens))
+        table = TokenTable(
+            settings.tokens_file,
+            settings.tokens,
+            missing_grace=settings.tokens_missing_grace_seconds,
+        )
+        return TokenAuth(table)
     if settings.mode == "mtls":
         return CertificateAuth(settings.identities)
     if settings.mode == "mesh":
-        return MeshAuth(settings.identities)
+        return MeshAuth(
+            settings.identities,
+            SidecarPeers(settings.sidecar_peers),
+            sanitized=settings.sidecar_xfcc == "sanitize_set",
+        )
     return LabelAuth()
 
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import final
 
 import grpc
 
-from ...errors import InvalidRequest, MmgateError, NotPermitted, Violation
+from ...errors import InvalidRequest, MmgateError, NotPermitted, Unauthenticated, Violation
 from ...wire import DEFAULT_TENANT, TENANT_HEADER, TENANT_MISMATCH
 from ..interceptors.wrapping import FinalStatus, WatchingInterceptor
 from ..metadata import metadata_value
@@ -63,6 +64,8 @@ class AuthGate(WatchingInterceptor):
         self.authenticator = authenticator
         self.open_services = open_services
         self._watch: asyncio.Task[None] | None = None
+        # calls refused, by ErrorInfo reason (mmgate_auth_refused_total)
+        self.refused: Counter[str] = Counter()
 
     def wants(self, call: grpc.HandlerCallDetails) -> bool:
         service = call.method.lstrip("/").partition("/")[0]
@@ -78,6 +81,8 @@ class AuthGate(WatchingInterceptor):
         try:
             caller = self.caller(context)
         except MmgateError as exc:
+            reason = exc.reason if isinstance(exc, (Unauthenticated, NotPermitted)) else None
+            self.refused[reason or "INVALID_TENANT_LABEL"] += 1
             await abort(context, from_exception(exc))
         _CALLER.set(caller)
 
@@ -107,8 +112,7 @@ class AuthGate(WatchingInterceptor):
     async def _poll(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
-            if self.authenticator.changed():
-                self.authenticator.reload()
+            self.authenticator.refresh()
 
     async def stop(self) -> None:
         if self._watch is not None:

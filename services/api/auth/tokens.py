@@ -2,8 +2,12 @@
 
     authorization: Bearer <token> ─▶ sha256 ─▶ compared with every known digest (constant time)
     tokens file changed (polled) or SIGHUP ─▶ reload ─▶ a broken file keeps the last good table
+    tokens file missing past the grace period ─▶ its tokens refused until it returns
 
 Only digests are configured and kept: a leaked configuration does not leak a usable token.
+A missing file is not a broken one: a Secret update swaps a symlink, so the file may be absent
+for a moment and the tokens are kept; absent past the grace period, it was deleted (a revocation
+by removal), and keeping its tokens would leave them valid for ever.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import hashlib
 import hmac
 import json
 import logging
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import final
@@ -43,8 +48,13 @@ def _checked(grants: Mapping[str, Grant], source: str) -> dict[str, Grant]:
 
 @final
 class TokenTable:
-    def __init__(self, file: Path | None, fixed: Mapping[str, Grant]) -> None:
+    def __init__(
+        self, file: Path | None, fixed: Mapping[str, Grant], *, missing_grace: float = 30.0
+    ) -> None:
         self.file = file
+        self.missing_grace = missing_grace
+        self._missing_since: float | None = None  # time.monotonic() when the file went missing
+        self.revoked = False  # the file's tokens are refused: it is missing past the grace
         self._fixed = _checked(fixed, "MMGATE_AUTH__TOKENS")
         self._stamp: tuple[int, int] | None = None
         self._table: dict[str, Grant] = {}
@@ -85,6 +95,16 @@ class TokenTable:
         if self.file is None:
             return False
         stamp = self._file_stamp()
+        if stamp is None and not self.file.exists():
+            self._stamp = None
+            if self._missing_since is None:
+                self._missing_since = time.monotonic()
+                log.warning(
+                    "tokens file %s is missing; its tokens stay valid for %g s unless it returns",
+                    self.file,
+                    self.missing_grace,
+                )
+            return False
         try:
             table = self._read(self.file)
         except ValueError as exc:
@@ -94,9 +114,28 @@ class TokenTable:
             return False
         self._use({**table, **self._fixed})
         self._stamp = stamp
+        self._missing_since = None
+        self.revoked = False
         self.reloads += 1
         log.info("tokens reloaded from %s: %d tokens", self.file, len(self._table))
         return True
+
+    def refresh(self, now: float | None = None) -> None:
+        """The poll: reload a changed file; refuse a missing file's tokens past the grace."""
+        if self.changed():
+            self.reload()
+        if self._missing_since is None or self.revoked:
+            return
+        now = time.monotonic() if now is None else now
+        if now - self._missing_since >= self.missing_grace:
+            self._use(dict(self._fixed))
+            self.revoked = True
+            log.error(
+                "tokens file %s has been missing for %g s: every token it held is refused "
+                "until it returns",
+                self.file,
+                self.missing_grace,
+            )
 
     def grant(self, token: str) -> Grant | None:
         """The grant of a presented token, or None. Every digest is compared, in constant time,

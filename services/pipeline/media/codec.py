@@ -24,6 +24,8 @@ FORMATS: Final = dict(zip(MIME_TYPES, ("PNG", "JPEG", "WEBP"), strict=True))
 # Pillow names the file object it read in some messages ("<_io.BytesIO object at 0x7f...>"): an
 # address of this process, no business of the client's
 _OBJECT_REPR: Final = re.compile(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>")
+# the pixel count Pillow read from the header, in its DecompressionBomb sentence
+_BOMB_PIXELS: Final = re.compile(r"\((\d+) pixels\)")
 
 
 def sniff(data: bytes) -> str | None:
@@ -58,7 +60,12 @@ def decode(data: bytes, mime_type: str, *, max_pixels: int, min_side: int) -> Im
             image.load()
             return image.convert("RGB")
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise ImageRejected(f"decompression bomb refused: {exc}") from None
+        # Pillow's sentence cites its own threshold (twice the limit); mmgate states its own
+        declared = _BOMB_PIXELS.search(str(exc))
+        size = f"{declared.group(1)} pixels" if declared else "more pixels than that"
+        raise ImageRejected(
+            f"decompression bomb refused: {size}; the limit is {max_pixels}"
+        ) from None
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
         if isinstance(exc, ImageRejected):
             raise

@@ -162,3 +162,13 @@ def test_a_digest_with_a_trailing_newline_is_refused() -> None:
     assert {v.field for v in caught.value.violations} == {"images[0].digest"}
     fine = pb.GenerateRequest(prompt="<image>?", images=[pb.Image(digest=digest)])
     assert validate(fine, SETTINGS, max_model_len=MAX_MODEL_LEN, takes_images=True).images
+
+
+def test_a_negative_seed_is_refused_in_plain_words() -> None:
+    request = pb.GenerateRequest(prompt="hi")
+    request.sampling.seed = -1
+    with pytest.raises(InvalidRequest) as caught:
+        validate(request, SETTINGS, max_model_len=MAX_MODEL_LEN)
+    assert [(v.field, v.description) for v in caught.value.violations] == [
+        ("sampling.seed", "-1 is not 0 or more")
+    ]

@@ -5,12 +5,14 @@ callers: certificates made here (cryptography), tokens written to a tokens file.
   processor and prefix caches are live), auth mode token over TLS, a real redis-server as the
   second tier; tenants "alpha" and "beta", and "ops", an admin.
 - ``mtls_server``: the tiny text model, auth mode mtls (client certificates of one CA).
-- ``mesh_server``: the tiny LLaVA in pixels mode, auth mode mesh (plaintext behind a sidecar),
-  as a single organisation runs it: media and prefixes shared by its tenants.
+- ``mesh_server``: the tiny LLaVA in pixels mode, auth mode mesh (plaintext behind a sidecar:
+  HAProxy connecting from 127.0.0.6, as Istio's does), as a single organisation runs it: media
+  and prefixes shared by its tenants.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ import pytest
 from services.api.auth import token_digest
 from services.client import Credentials
 from services.models import build_tiny_llava
+from tests.haproxy import TcpProxy
 from tests.redis_support import RedisProcess, redis_server
 from tests.support import RunningServer, start_server
 from tests.tls_support import CertificateAuthority, Issued
@@ -97,6 +100,7 @@ def token_server(
         MMGATE_AUTH__MODE="token",
         MMGATE_AUTH__TOKENS_FILE=str(tokens_file),
         MMGATE_AUTH__RELOAD_SECONDS="0.2",
+        MMGATE_AUTH__TOKENS_MISSING_GRACE_SECONDS="1.0",
         MMGATE_AUTH__TLS_CERT_FILE=str(pki.server.cert),
         MMGATE_AUTH__TLS_KEY_FILE=str(pki.server.key),
         # two tenants configured: each gets half of these by default
@@ -171,6 +175,7 @@ def mtls_server(
 MESH_IDENTITIES = {
     "spiffe://cluster.local/ns/apps/sa/frontend": "alpha",
     "spiffe://cluster.local/ns/apps/sa/batch": "beta",
+    "spiffe://cluster.local/ns/ops/sa/admin": {"tenant": "ops", "role": "admin"},
 }
 
 
@@ -179,8 +184,17 @@ def xfcc(uri: str) -> str:
     return f'By=spiffe://cluster.local/ns/ml/sa/mmgate;Hash=4f2c0e;Subject="";URI={uri}'
 
 
+@dataclass(frozen=True)
+class Mesh:
+    """mesh_server and its sidecar: ``server.target`` is the sidecar's port (connections reach
+    mmgate from 127.0.0.6, as Istio's REDIRECT mode sends them), ``direct`` mmgate's own."""
+
+    server: RunningServer
+    direct: str
+
+
 @pytest.fixture(scope="session")
-def mesh_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     model = build_tiny_llava(tmp_path_factory.mktemp("models") / "tiny-llava")
     running = start_server(
         tmp_path_factory.mktemp("mesh-server"),
@@ -192,5 +206,16 @@ def mesh_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
         MMGATE_TENANTS__SHARE_PREFIX="true",
         MMGATE_ENGINE__MAX_MODEL_LEN="2048",
     )
-    yield running
-    assert running.stop() == 0, running.log()
+    sidecar = TcpProxy(
+        tmp_path_factory.mktemp("sidecar"), [running.port], source="127.0.0.6"
+    ).start()
+    try:
+        yield Mesh(dataclasses.replace(running, port=sidecar.port), running.target)
+    finally:
+        sidecar.stop()
+        assert running.stop() == 0, running.log()
+
+
+@pytest.fixture(scope="session")
+def mesh_server(mesh: Mesh) -> RunningServer:
+    return mesh.server

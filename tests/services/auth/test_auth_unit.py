@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from services.api.auth import TokenTable, forwarded_identity, token_digest
+from services.api.auth.mesh import MalformedHeader, SidecarPeers
 from services.api.quotas import TenantQuotas
 from services.config import AuthSettings, Grant, Settings, TenantSettings
 from services.pipeline.tenancy import SHARED_TENANT, Isolation
@@ -53,6 +55,24 @@ def test_a_broken_tokens_file_keeps_the_last_good_table(tmp_path: Path) -> None:
     assert table.grant("tok-b") == Grant(tenant="b")
 
 
+def test_a_tokens_file_missing_past_the_grace_revokes_its_tokens(tmp_path: Path) -> None:
+    path = tokens_file(tmp_path / "t.json", {"tok-a": "a"})
+    table = TokenTable(path, {token_digest("tok-env"): Grant(tenant="e")}, missing_grace=30.0)
+    path.unlink()
+    table.refresh()
+    # within the grace (a Secret update swapping its symlink): still valid
+    assert table.grant("tok-a") == Grant(tenant="a")
+    assert not table.revoked
+    table.refresh(now=time.monotonic() + 31.0)
+    assert table.revoked
+    assert table.grant("tok-a") is None
+    assert table.grant("tok-env") == Grant(tenant="e")  # not the file's to revoke
+    tokens_file(path, {"tok-a": "a"})
+    table.refresh()
+    assert not table.revoked
+    assert table.grant("tok-a") == Grant(tenant="a")
+
+
 @pytest.mark.parametrize(
     "body",
     [
@@ -69,27 +89,84 @@ def test_a_bad_tokens_file_refuses_to_start(tmp_path: Path, body: object) -> Non
         TokenTable(path, {})
 
 
+SIDECAR = "By=spiffe://c/ns/ml/sa/mmgate;Hash=ab"
+
+
 @pytest.mark.parametrize(
     ("header", "identity"),
     [
+        (f'{SIDECAR};Subject="";URI=spiffe://c/ns/a/sa/f', "spiffe://c/ns/a/sa/f"),
+        # a Subject with commas, semicolons and an escaped quote inside quotes
+        (f'{SIDECAR};Subject="CN=x,O=\\"y\\";z";URI=spiffe://c/ns/a/sa/f', "spiffe://c/ns/a/sa/f"),
+        # a quoted URI, several DNS names
+        (f'{SIDECAR};URI="spiffe://c/ns/a/sa/f";DNS=a.svc;DNS=b.svc', "spiffe://c/ns/a/sa/f"),
+        # several proxies (APPEND_FORWARD): the last element is the sidecar's own
         (
-            'By=spiffe://c/ns/ml/sa/mmgate;Hash=ab;Subject="";URI=spiffe://c/ns/a/sa/f',
-            "spiffe://c/ns/a/sa/f",
-        ),
-        # a Subject with commas and semicolons inside quotes
-        ('Hash=ab;Subject="CN=x,O=y;z";URI=spiffe://c/ns/a/sa/f', "spiffe://c/ns/a/sa/f"),
-        # several proxies: the last element is the nearest one's
-        (
-            "URI=spiffe://c/ns/a/sa/forged,By=spiffe://c/m;URI=spiffe://c/ns/b/sa/real",
+            f"{SIDECAR};URI=spiffe://c/ns/a/sa/forged,{SIDECAR};URI=spiffe://c/ns/b/sa/real",
             "spiffe://c/ns/b/sa/real",
         ),
-        ("By=spiffe://c/m;Hash=ab", None),
-        ("", None),
-        ("URI=", None),
+        (SIDECAR, None),
+        (f"{SIDECAR};URI=", None),
     ],
 )
 def test_forwarded_identity(header: str, identity: str | None) -> None:
-    assert forwarded_identity(header) == identity
+    assert forwarded_identity([header]) == identity
+
+
+@pytest.mark.parametrize(
+    ("headers", "says"),
+    [
+        (["URI=spiffe://c/ns/ops/sa/admin"], "lacks the sidecar's By= and Hash="),
+        ([f"{SIDECAR};uri=spiffe://c/ns/ops/sa/admin"], "unknown key 'uri'"),
+        (["by=spiffe://c/m;hash=ab;URI=spiffe://c/ns/ops/sa/admin"], "unknown key 'by'"),
+        ([f"{SIDECAR};URI=spiffe://a;URI=spiffe://b"], "URI twice"),
+        ([f"{SIDECAR};URI=spiffe://a", f"{SIDECAR};URI=spiffe://b"], "more than one"),
+        ([f"{SIDECAR};URI=spiffe://a,By=x;URI=spiffe://b"], "lacks the sidecar's"),
+        ([f'{SIDECAR};Subject="open;URI=spiffe://a'], "unterminated"),
+        ([f'{SIDECAR};URI=spiffe://a\\"b'], "quote inside"),
+        ([f'{SIDECAR};URI="spiffe://a"b'], "text after its closing quote"),
+        ([f"{SIDECAR};URI"], "without '='"),
+        ([f"{SIDECAR};URI=spiffe://a,,{SIDECAR}"], "empty element"),
+        ([""], "empty element"),
+    ],
+)
+def test_a_header_the_sidecar_did_not_write_is_refused(headers: list[str], says: str) -> None:
+    with pytest.raises(MalformedHeader, match=says):
+        forwarded_identity(headers)
+
+
+def test_a_sanitising_sidecar_leaves_only_its_own_element() -> None:
+    chained = [f"{SIDECAR};URI=spiffe://forged,{SIDECAR};URI=spiffe://real"]
+    assert forwarded_identity(chained) == "spiffe://real"
+    with pytest.raises(MalformedHeader, match="sanitises"):
+        forwarded_identity(chained, sanitized=True)
+    assert forwarded_identity([f"{SIDECAR};URI=spiffe://real"], sanitized=True) == "spiffe://real"
+
+
+@pytest.mark.parametrize(
+    ("peer", "trusted"),
+    [
+        ("ipv4:127.0.0.6:41234", True),
+        ("ipv6:[::6]:41234", True),
+        ("ipv6:%5B::6%5D:41234", True),
+        ("ipv6:[::ffff:127.0.0.6]:41234", True),
+        ("ipv4:127.0.0.1:41234", False),
+        ("ipv6:[::1]:41234", False),
+        ("ipv4:10.1.2.3:41234", False),
+        ("unix:/run/mmgate.sock", False),
+        ("garbage", False),
+    ],
+)
+def test_only_the_sidecars_addresses_are_trusted(peer: str, trusted: bool) -> None:
+    assert (peer in SidecarPeers(AuthSettings().sidecar_peers)) is trusted
+
+
+def test_sidecar_peers_take_cidrs_from_the_environment() -> None:
+    settings = AuthSettings.model_validate({"sidecar_peers": ["10.0.0.0/8", "fd00::/8"]})
+    peers = SidecarPeers(settings.sidecar_peers)
+    assert "ipv4:10.9.8.7:5000" in peers
+    assert "ipv6:[fd00::1]:5000" in peers
+    assert "ipv4:127.0.0.6:5000" not in peers
 
 
 @pytest.mark.parametrize(

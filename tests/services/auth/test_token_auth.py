@@ -137,6 +137,32 @@ async def test_tokens_reload_when_the_file_changes_and_on_sighup(
         assert (await c.stats()).tenant == "beta"
 
 
+async def test_a_tokens_file_missing_past_the_grace_refuses_every_token(
+    token_server: RunningServer, pki: Pki, tokens_file: Path
+) -> None:
+    alpha = as_tenant(pki, "alpha")
+
+    async def alpha_refused() -> bool:
+        async with client(token_server, alpha) as c:
+            try:
+                await c.stats()
+            except grpc.aio.AioRpcError as error:
+                if error.code() != grpc.StatusCode.UNAUTHENTICATED:
+                    raise
+                return True
+            return False
+
+    assert not await alpha_refused()
+    try:
+        tokens_file.unlink()  # noqa: ASYNC240 - a test's one small file operation
+        # the fixture's grace is 1 s, its poll 0.2 s
+        await eventually(alpha_refused, timeout=15)
+        assert await _logged(token_server, "every token it held is refused")
+    finally:
+        write_tokens(tokens_file, TOKEN_GRANTS)
+    await eventually(lambda: _not(alpha_refused), timeout=15)
+
+
 async def _logged(server: RunningServer, text: str) -> bool:
     return text in server.log_path.read_text(errors="replace")
 

@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 import pytest
+from PIL import Image
 
 from cache_actor import CacheActor, CacheRecursionError
 from services.api.validation import validate
@@ -64,6 +65,21 @@ def test_hostile_or_bad_images_are_refused_with_a_reason(data: bytes, mime: str,
     assert says in str(caught.value)
     # mmgate's words: no object of this process named, no address
     assert re.search(r"<\S+ object|at 0x[0-9a-f]+", str(caught.value)) is None
+
+
+def test_a_bomb_is_refused_with_mmgates_own_limit() -> None:
+    # Pillow refuses past twice its threshold, in its own sentence citing that threshold (80 M
+    # where the limit is 40 M): the caller reads the size and the configured limit
+    previous = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = 40_000_000
+    try:
+        with pytest.raises(ImageRejected) as caught:
+            decode(png_bomb(), "", max_pixels=40_000_000, min_side=8)
+    finally:
+        Image.MAX_IMAGE_PIXELS = previous
+    assert str(caught.value) == (
+        "decompression bomb refused: 1600000000 pixels; the limit is 40000000"
+    )
 
 
 def test_the_bomb_is_refused_before_decoding() -> None:
