@@ -335,7 +335,7 @@ class ConnectionSettings(BaseModel):
 
     model_config = ConfigDict(use_attribute_docstrings=True)
 
-    min_ping_interval_seconds: float = Field(1.0, gt=0)
+    min_ping_interval_seconds: float = Field(0.5, gt=0)
     """A client's pings closer together than this (while mmgate sends nothing) are strikes."""
     max_ping_strikes: int = Field(3, ge=0)
     """Strikes before the connection is closed with GOAWAY too_many_pings (0: never)."""

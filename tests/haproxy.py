@@ -47,7 +47,9 @@ class TcpProxy:
         )
         return (
             "global\n    maxconn 256\n"
-            "defaults\n    mode tcp\n    timeout connect 5s\n"
+            # a connection to a replica that is not listening (yet) goes to another
+            "defaults\n    mode tcp\n    retries 3\n    option redispatch 1\n"
+            "    timeout connect 5s\n"
             "    timeout client 10m\n    timeout server 10m\n"
             f"frontend service\n    bind 127.0.0.1:{self.port}\n    default_backend replicas\n"
             f"backend replicas\n    balance roundrobin\n{servers}\n"

@@ -175,8 +175,9 @@ def start_server(
     log_dir: Path, model: str | None, credentials: Credentials | None = None, /, **settings: str
 ) -> RunningServer:
     """``mmgate serve`` with ``settings`` (MMGATE_* variables), SERVING; ``credentials``: what
-    its clients connect with (TLS, a client certificate, a token) unless told otherwise."""
-    port = free_port()
+    its clients connect with (TLS, a client certificate, a token) unless told otherwise; a
+    port of the caller's choosing as MMGATE_PORT."""
+    port = int(settings.get("MMGATE_PORT") or free_port())
     env = dict(os.environ)
     env.update(
         {

@@ -50,9 +50,10 @@ from ..pipeline.generation import Pipeline
 from ..pipeline.media import media_stage
 from ..pipeline.tier_values import codecs
 from ..proto.mmgate.v1 import cache_pb2, cache_pb2_grpc, inference_pb2, inference_pb2_grpc
-from ..storage.redis_tier import RedisTier, redis_client
-from .auth import AuthGate, CertificateFiles, authenticator
+from ..storage.redis_tier import RedisTier, redis_address, redis_client
+from .auth import AuthGate, CertificateFiles, announce_trust, authenticator
 from .cache_service import CacheServicer
+from .connections import connection_options
 from .health import HealthMonitor
 from .inference import InferenceServicer
 from .interceptors.metrics import metrics_interceptors
@@ -90,14 +91,21 @@ def redis_tier(settings: RedisSettings) -> RedisTier | None:
     """The Redis tier the settings name, or None (no second tier: every replica on its own)."""
     if settings.url is None:
         return None
+    secret = None
+    if settings.value_secret_file is not None:
+        secret = settings.value_secret_file.read_bytes().strip()
+        if not secret:
+            raise ValueError(f"the Redis value secret file {settings.value_secret_file} is empty")
     return RedisTier(
         redis_client(settings),
-        codecs=codecs(),
+        codecs=codecs(secret),
         ttl_seconds={
             "embedding": settings.embedding_ttl_seconds,
             "response": settings.response_ttl_seconds,
         },
         max_value_bytes=settings.max_value_bytes,
+        address=redis_address(settings.url),
+        timeout_seconds=settings.timeout_seconds,
     )
 
 
@@ -177,6 +185,7 @@ class MmgateServer:
                 ("grpc.max_receive_message_length", 2 * settings.max_message_bytes),
                 ("grpc.max_send_message_length", 2 * settings.max_message_bytes),
                 ("grpc.so_reuseport", 0),
+                *connection_options(settings.connections),
             ],
         )
         inference_pb2_grpc.add_InferenceServicer_to_server(self.inference, self.server)
@@ -217,6 +226,7 @@ class MmgateServer:
             "plaintext" if self.tls is None else "TLS",
             self.settings.auth.mode,
         )
+        announce_trust(self.settings.auth, self.settings.host)
         if not self.engine.model_path:
             # the first start converts the embedded default model (~20 s): off the loop
             self.engine.use_model(await asyncio.to_thread(resolve_model, self.settings))
@@ -226,6 +236,12 @@ class MmgateServer:
             self.tier.use_namespace(namespace)
             self.tier.listen(self._forget)
             log.info("second tier: redis, namespace %s", namespace[:16])
+            problem = await self.tier.check()
+            if problem is not None:
+                log.warning(
+                    "second tier: %s; serving without it until it answers (every lookup is a miss)",
+                    problem,
+                )
         await self.engine.start()
         media = media_stage(
             self.settings.media,
@@ -265,6 +281,7 @@ class MmgateServer:
             tier_refused=0 if self.tier is None else sum(self.tier.bad_values.values()),
             chaos_enabled=self.pipeline.chaos.enabled,
             chaos_injected=dict(self.pipeline.chaos.injected),
+            auth_refused=dict(self.auth.refused),
         )
 
     def _tier_namespace(self, plan: MediaPlan) -> str:

@@ -7,6 +7,9 @@
 Not held there: prompts (rendering and tokenizing is cheaper than a round trip) and decoded
 images (the request carries the image's bytes; decoding them again costs milliseconds, and the
 decoded pixels are several times the size of the bytes they came from).
+
+Each value is sealed for the full Redis key it is written under, and read back only under that
+key; with a deployment secret, it also carries a MAC only the secret's holders can make.
 """
 
 from __future__ import annotations
@@ -21,27 +24,37 @@ from .responses import ResponseRecording
 
 @final
 class EmbeddingCodec:
-    def encode(self, value: Any) -> bytes:
-        assert isinstance(value, Embedding)
-        return seal_tensor("embedding", value.tensor)
+    __slots__ = ("secret",)
 
-    def decode(self, data: bytes) -> Embedding:
-        return Embedding(unseal_tensor(data, "embedding"))
+    def __init__(self, secret: bytes | None = None) -> None:
+        self.secret = secret
+
+    def encode(self, value: Any, key: str) -> bytes:
+        assert isinstance(value, Embedding)
+        return seal_tensor("embedding", value.tensor, key=key, secret=self.secret)
+
+    def decode(self, data: bytes, key: str) -> Embedding:
+        return Embedding(unseal_tensor(data, "embedding", key=key, secret=self.secret))
 
 
 @final
 class ResponseCodec:
-    def encode(self, value: Any) -> bytes:
+    __slots__ = ("secret",)
+
+    def __init__(self, secret: bytes | None = None) -> None:
+        self.secret = secret
+
+    def encode(self, value: Any, key: str) -> bytes:
         if not isinstance(value, ResponseRecording) or not value.done or value.error is not None:
             raise ValueError("only a response that finished normally is written")
         deltas = [
             [d.text, list(d.token_ids), d.finish_reason, d.num_cached_tokens, d.prompt_tokens]
             for d in value.deltas
         ]
-        return seal_json("response", {"deltas": deltas})
+        return seal_json("response", {"deltas": deltas}, key=key, secret=self.secret)
 
-    def decode(self, data: bytes) -> ResponseRecording:
-        body = unseal_json(data, "response")
+    def decode(self, data: bytes, key: str) -> ResponseRecording:
+        body = unseal_json(data, "response", key=key, secret=self.secret)
         try:
             deltas = [
                 EngineDelta(str(text), tuple(int(t) for t in ids), reason, int(cached), int(prompt))
@@ -54,8 +67,9 @@ class ResponseCodec:
         return ResponseRecording.finished(deltas)
 
 
-def codecs() -> dict[str, Any]:
-    return {"embedding": EmbeddingCodec(), "response": ResponseCodec()}
+def codecs(secret: bytes | None = None) -> dict[str, Any]:
+    """The stages' codecs; ``secret``: the deployment's value secret (MAC'd values), if any."""
+    return {"embedding": EmbeddingCodec(secret), "response": ResponseCodec(secret)}
 
 
 __all__ = ["EmbeddingCodec", "ResponseCodec", "codecs"]

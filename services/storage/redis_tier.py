@@ -3,13 +3,18 @@
     key:    mmgate:{namespace}:{tenant}:{stage}:{key}   namespace: a fingerprint of everything
             that changes a value (the model's files, dtype, processor settings, value format), so
             deployments of different models share one Redis without reading each other's values
-    get:    GET ─▶ (a thread) the stage's codec checks and decodes ─▶ the value, or a miss
-    set:    (a thread) encode ─▶ over max_value_bytes? skipped, counted ─▶ SET PX the stage's TTL
+    get:    GET ─▶ (a thread) the stage's codec checks (the key it was written under included)
+            and decodes ─▶ the value, or a miss
+    set:    (a thread) encode, sealed for its key ─▶ over max_value_bytes? skipped, counted
+            ─▶ SET PX the stage's TTL
     delete: DEL in the stage(s) ─▶ PUBLISH on mmgate:{namespace}:invalidate: the other replicas
             drop their memory copy (``listen``)
+    check:  PING once at start (``check``): a wrong password or an unreachable Redis is told in
+            a line, and mmgate serves without the tier until it answers
 
 Only stages with a codec are held here; any other stage is a miss without a round trip. A value
-that fails its codec's checks (another format version, truncated, foreign bytes) is a miss,
+that fails its codec's checks (another format version, truncated, foreign bytes, a value copied
+under another key or tenant, a missing or wrong MAC) is a miss,
 counted and logged once per reason, never served. Every call is bounded by the actor's tier
 timeout (cache_actor's TierIO) and, at the socket, by the client's own timeouts; errors propagate
 to the actor, which counts them as misses and opens its breaker on repeated read failures.
@@ -25,21 +30,26 @@ import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, final
+from urllib.parse import urlsplit
 
 from ..config import RedisSettings
 
 log = logging.getLogger("mmgate.redis")
+
+# the start check's least bound
+CHECK_SECONDS = 2.0
 
 # what a replica does when another one has invalidated (tenant, key)
 OnInvalidate = Callable[[str, str], Awaitable[object]]
 
 
 class StageCodec(Protocol):
-    """Turns one stage's values into bytes and back; ``decode`` raises ValueError on bad bytes."""
+    """Turns one stage's values into bytes and back, each bound to the full Redis ``key`` it is
+    stored under; ``decode`` raises ValueError on bad bytes or bytes written for another key."""
 
-    def encode(self, value: Any) -> bytes: ...
+    def encode(self, value: Any, key: str) -> bytes: ...
 
-    def decode(self, data: bytes) -> Any: ...
+    def decode(self, data: bytes, key: str) -> Any: ...
 
 
 @final
@@ -54,8 +64,12 @@ class RedisTier:
         namespace: str = "",
         ttl_seconds: dict[str, float],
         max_value_bytes: int,
+        address: str,
+        timeout_seconds: float,
     ) -> None:
         self.client = client
+        self.address = address  # host:port, never the URL: it may hold a password
+        self.timeout_seconds = timeout_seconds
         self.codecs = codecs
         self.ttl_seconds = ttl_seconds
         self.max_value_bytes = max_value_bytes
@@ -78,7 +92,8 @@ class RedisTier:
         codec = self.codecs.get(stage)
         if codec is None:
             return None  # a stage this tier does not hold
-        data = await self.client.get(self.redis_key(tenant, stage, key))
+        stored_under = self.redis_key(tenant, stage, key)
+        data = await self.client.get(stored_under)
         if data is None:
             return None
         if len(data) > self.max_value_bytes:
@@ -86,7 +101,7 @@ class RedisTier:
             return None
         try:
             # a multi-MB digest and decode: off the event loop
-            return await asyncio.to_thread(codec.decode, data)
+            return await asyncio.to_thread(codec.decode, data, stored_under)
         except ValueError as exc:
             self._refuse(stage, str(exc))
             return None
@@ -101,14 +116,13 @@ class RedisTier:
         codec = self.codecs.get(stage)
         if codec is None:
             return
-        data = await asyncio.to_thread(codec.encode, value)
+        stored_under = self.redis_key(tenant, stage, key)
+        data = await asyncio.to_thread(codec.encode, value, stored_under)
         if len(data) > self.max_value_bytes:
             self.oversize += 1
             return
         ttl = self.ttl_seconds.get(stage)
-        await self.client.set(
-            self.redis_key(tenant, stage, key), data, px=int(ttl * 1000) if ttl else None
-        )
+        await self.client.set(stored_under, data, px=int(ttl * 1000) if ttl else None)
 
     async def delete(self, tenant: str, key: str, *, stage: str | None, timeout: float) -> None:
         stages = list(self.codecs) if stage is None else [stage]
@@ -117,6 +131,44 @@ class RedisTier:
             await self.client.delete(self.redis_key(tenant, name, key))
         message = {"tenant": tenant, "key": key, "origin": self.origin}
         await self.client.publish(self.channel, json.dumps(message))
+
+    async def check(self) -> str | None:
+        """One authenticated round trip: None when Redis answers, else why not, in a line."""
+        from redis.exceptions import RedisClusterException
+
+        try:
+            # a first connect is a TCP (and TLS) handshake and an AUTH: more than one call's bound
+            async with asyncio.timeout(max(self.timeout_seconds, CHECK_SECONDS)):
+                await self.client.ping()
+        except Exception as exc:  # noqa: BLE001 - told in a line: the tier is optional
+            # a Cluster client wraps what its startup nodes answered
+            cause = exc.__cause__ if isinstance(exc, RedisClusterException) else None
+            return self._failure(cause or exc)
+        return None
+
+    def _failure(self, exc: BaseException) -> str:
+        from redis.exceptions import (
+            AuthenticationError,
+            AuthenticationWrongNumberOfArgsError,
+            AuthorizationError,
+            NoPermissionError,
+        )
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import TimeoutError as RedisTimeoutError
+
+        # AuthenticationError is a ConnectionError: asked first
+        refused = (
+            AuthenticationError,
+            AuthenticationWrongNumberOfArgsError,
+            AuthorizationError,
+            NoPermissionError,
+        )
+        if isinstance(exc, refused):
+            return "Redis refused the credentials"
+        if isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError):
+            return f"Redis is not reachable at {self.address}"
+        # the error's text is Redis's and may quote a command or the URL: its type only
+        return f"Redis failed the check ({type(exc).__name__})"
 
     # ── invalidations from the other replicas ───────────────────────────────────────────────
 
@@ -169,6 +221,21 @@ class RedisTier:
         await self.client.aclose()
 
 
+def redis_address(url: str) -> str:
+    """host:port of a Redis URL, for messages: never its user or password."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return parts.path
+    host = parts.hostname or "localhost"
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port or 6379
+    except ValueError:
+        return host
+    return f"{host}:{port}"
+
+
 def redis_client(settings: RedisSettings) -> Any:
     """A client for ``settings.url``: one server, or a Cluster found from one of its nodes."""
     assert settings.url is not None
@@ -187,4 +254,4 @@ def redis_client(settings: RedisSettings) -> Any:
     return Redis.from_url(settings.url, **options)
 
 
-__all__ = ["OnInvalidate", "RedisTier", "StageCodec", "redis_client"]
+__all__ = ["OnInvalidate", "RedisTier", "StageCodec", "redis_address", "redis_client"]

@@ -7,7 +7,7 @@ certs.py      the server's TLS credentials, rotated without a restart; a peer's 
 mesh.py       the sidecar's x-forwarded-client-cert
 """
 
-from .callers import Authenticator, authenticator
+from .callers import Authenticator, announce_trust, authenticator
 from .certs import CertificateFiles, peer_identities
 from .gate import AuthGate, Caller, checked_label, current_caller
 from .mesh import XFCC_HEADER, forwarded_identity
@@ -20,6 +20,7 @@ __all__ = [
     "Caller",
     "CertificateFiles",
     "TokenTable",
+    "announce_trust",
     "authenticator",
     "checked_label",
     "current_caller",

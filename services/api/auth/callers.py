@@ -12,6 +12,8 @@ tenant header may then say is the gate's rule (gate.py), the same for every mode
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 from collections.abc import Mapping
 from typing import Protocol, final
 
@@ -29,6 +31,8 @@ from ..metadata import metadata_value, metadata_values
 from .certs import peer_identities
 from .mesh import XFCC_HEADER, MalformedHeader, SidecarPeers, forwarded_identity
 from .tokens import TokenTable
+
+log = logging.getLogger("mmgate.auth")
 
 
 class Authenticator(Protocol):
@@ -164,6 +168,31 @@ class MeshAuth(_Identities):
         return grant
 
 
+def announce_trust(settings: AuthSettings, host: str) -> None:
+    """At start, in mesh mode: whom the header is believed from, and a listener on loopback,
+    which the sidecar cannot reach (Istio 1.10 and later forward to the pod's address)."""
+    if settings.mode != "mesh":
+        return
+    log.info(
+        "mesh mode: x-forwarded-client-cert believed only from the sidecar at %s (%s)",
+        ", ".join(str(n) for n in settings.sidecar_peers) or "no address",
+        settings.sidecar_xfcc,
+    )
+    if _loopback(host):
+        log.warning(
+            "mesh mode on %s: the sidecar forwards to the pod's address, so it cannot reach a "
+            "server listening on loopback only",
+            host,
+        )
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def authenticator(settings: AuthSettings) -> Authenticator:
     """The variant the mode names; a bad tokens file refuses to start (ValueError)."""
     if settings.mode == "token":
@@ -190,5 +219,6 @@ __all__ = [
     "LabelAuth",
     "MeshAuth",
     "TokenAuth",
+    "announce_trust",
     "authenticator",
 ]

@@ -144,8 +144,8 @@ async def test_only_a_run_that_finished_normally_reaches_the_second_tier() -> No
         assert stored.error is None
         assert [d.text for d in stored.deltas] == ["Hello", " world"]
         # what another replica reads back: a finished recording, replayed whole
-        codec = ResponseCodec()
-        again = codec.decode(codec.encode(stored))
+        codec, key = ResponseCodec(), "mmgate:ns:t:response:k"
+        again = codec.decode(codec.encode(stored, key), key)
         assert [d.text async for d in again.replay()] == ["Hello", " world"]
 
     tier = InMemoryTier("redis")

@@ -1,7 +1,8 @@
 """The Redis tier against real redis-server processes, through the real cache actor: values shared
-between two actors (two replicas), bad bytes under mmgate's keys read as counted misses, a killed
-and a stopped Redis never failing a lookup, invalidations reaching the other replica, a Cluster,
-and a password, an ACL user and TLS."""
+between two actors (two replicas), bad bytes under mmgate's keys and values copied under another
+key or tenant read as counted misses, a killed and a stopped Redis never failing a lookup,
+invalidations reaching the other replica, a Cluster, a password, an ACL user and TLS, and the
+start check telling a wrong password or an unreachable Redis in a line."""
 
 from __future__ import annotations
 
@@ -16,35 +17,41 @@ import pytest
 from cache_actor import CacheActor, CacheConfig, Outcome, TierUse
 from services.config import RedisSettings
 from services.engine.values import seal, seal_json, unseal_json
-from services.storage.redis_tier import RedisTier, redis_client
+from services.storage.redis_tier import RedisTier, redis_address, redis_client
 from tests.redis_support import (
     RedisProcess,
     redis_cluster,
     redis_server,
     tls_redis_server,
 )
-from tests.support import eventually
+from tests.support import eventually, free_port
 
 STAGE = TierUse("response")
 
 
 class JsonCodec:
-    def encode(self, value: Any) -> bytes:
-        return seal_json("response", value)
+    def __init__(self, secret: bytes | None = None) -> None:
+        self.secret = secret
 
-    def decode(self, data: bytes) -> Any:
-        return unseal_json(data, "response")
+    def encode(self, value: Any, key: str) -> bytes:
+        return seal_json("response", value, key=key, secret=self.secret)
+
+    def decode(self, data: bytes, key: str) -> Any:
+        return unseal_json(data, "response", key=key, secret=self.secret)
 
 
-def tier_for(url: str, *, cluster: bool = False, **settings: Any) -> RedisTier:
-    options = {"timeout_seconds": 0.5, **settings}
-    client = redis_client(RedisSettings(url=url, cluster=cluster, **options))
+def tier_for(
+    url: str, *, cluster: bool = False, secret: bytes | None = None, **settings: Any
+) -> RedisTier:
+    redis = RedisSettings(url=url, cluster=cluster, **{"timeout_seconds": 0.5, **settings})
     return RedisTier(
-        client,
+        redis_client(redis),
         namespace="test",
-        codecs={"response": JsonCodec()},
+        codecs={"response": JsonCodec(secret)},
         ttl_seconds={"response": 60},
         max_value_bytes=1 << 20,
+        address=redis_address(url),
+        timeout_seconds=redis.timeout_seconds,
     )
 
 
@@ -142,14 +149,19 @@ async def test_invalidate_on_one_replica_reaches_the_other(
     assert (lookup.value, lookup.outcome, lookup.tier) == ("v2", Outcome.MISS, None)
 
 
+# the key test_bad_bytes_... reads, as tier_for names it
+OURS = "mmgate:test:t:response:k"
+
+
 @pytest.mark.parametrize(
     ("name", "bad"),
     [
         ("foreign bytes", b"\x80\x04\x95pickled?"),
-        ("truncated", seal_json("response", {"deltas": [["a", [1]]]})[:-3]),
-        ("another version", b"MMGATE\x00\x09" + seal_json("response", 1)[8:]),
-        ("another stage", seal_json("embedding", {"deltas": []})),
-        ("wrong length", seal("json", "response", b"[1,2,3]")[:-1] + b"]]"),
+        ("truncated", seal_json("response", {"deltas": [["a", [1]]]}, key=OURS)[:-3]),
+        ("another version", b"MMGATE\x00\x09" + seal_json("response", 1, key=OURS)[8:]),
+        ("another stage", seal_json("embedding", {"deltas": []}, key=OURS)),
+        ("wrong length", seal("json", "response", b"[1,2,3]", key=OURS)[:-1] + b"]]"),
+        ("another key", seal_json("response", "moved", key="mmgate:test:t:response:j")),
     ],
 )
 async def test_bad_bytes_under_our_key_are_a_counted_miss_then_replaced(
@@ -159,7 +171,8 @@ async def test_bad_bytes_under_our_key_are_a_counted_miss_then_replaced(
     actor = actor_for(tier)
     actor.start()
     try:
-        await tier.client.set(tier.redis_key("t", "response", "k"), bad)
+        assert tier.redis_key("t", "response", "k") == OURS
+        await tier.client.set(OURS, bad)
         made = computed("fresh")
         lookup = await actor.get("k", made, tenant="t", tier=STAGE)
         assert (lookup.value, lookup.tier) == ("fresh", None)
@@ -168,13 +181,108 @@ async def test_bad_bytes_under_our_key_are_a_counted_miss_then_replaced(
         await written(actor)
         # the good value replaced the bad one, with the stage's TTL (60 s here)
         assert 0 < await tier.client.pttl(tier.redis_key("t", "response", "k")) <= 60_000
-        assert (
-            unseal_json(await tier.client.get(tier.redis_key("t", "response", "k")), "response")
-            == "fresh"
-        )
+        assert unseal_json(await tier.client.get(OURS), "response", key=OURS) == "fresh"
     finally:
         await actor.aclose()
         await tier.close()
+
+
+@pytest.mark.parametrize(
+    ("how", "tenant", "key"),
+    [
+        ("COPY", "t", "other-prompt"),
+        ("COPY", "u", "k"),  # the same prompt, another tenant
+        ("GET+SET", "t", "other-prompt"),
+        ("GET+SET", "u", "other-prompt"),
+    ],
+)
+async def test_a_value_copied_under_another_key_is_a_counted_miss_never_served(
+    redis: RedisProcess, how: str, tenant: str, key: str
+) -> None:
+    tier = tier_for(redis.url)
+    actor = actor_for(tier)
+    actor.start()
+    try:
+        await tier.set("t", "k", {"answer": "for k"}, stage="response", timeout=1)
+        source, target = (
+            tier.redis_key("t", "response", "k"),
+            tier.redis_key(tenant, "response", key),
+        )
+        if how == "COPY":
+            assert redis.cli("COPY", source, target) == "1"
+        else:
+            await tier.client.set(target, await tier.client.get(source))
+        made = computed({"answer": f"for {key}"})
+        lookup = await actor.get(key, made, tenant=tenant, tier=STAGE)
+        assert (lookup.value, lookup.tier) == ({"answer": f"for {key}"}, None)
+        assert made.calls == [1]
+        assert tier.bad_values == {"response: stored under another key": 1}
+        # the value under its own key is still served
+        assert await tier.get("t", "k", stage="response", timeout=1) == {"answer": "for k"}
+    finally:
+        await actor.aclose()
+        await tier.close()
+
+
+async def read_back(tier: RedisTier, key: str) -> Any:
+    """What ``tier`` serves for tenant t's ``key``."""
+    return await tier.get("t", key, stage="response", timeout=1)
+
+
+async def test_with_a_secret_only_values_signed_with_it_are_read(redis: RedisProcess) -> None:
+    signed, other, unsigned = (tier_for(redis.url, secret=s) for s in (b"ours", b"theirs", None))
+    try:
+        await signed.set("t", "a", "signed", stage="response", timeout=1)
+        await unsigned.set("t", "b", "unsigned", stage="response", timeout=1)
+        assert await read_back(signed, "a") == "signed"
+        assert await read_back(other, "a") is None
+        assert await read_back(unsigned, "a") is None  # no half-trust without the secret
+        assert await read_back(signed, "b") is None
+        assert dict(signed.bad_values) == {"response: not signed with this deployment's secret": 1}
+        assert dict(other.bad_values) == {"response: not signed with this deployment's secret": 1}
+        assert dict(unsigned.bad_values) == {
+            "response: signed with a secret, and this deployment has none": 1
+        }
+    finally:
+        for tier in (signed, other, unsigned):
+            await tier.close()
+
+
+async def test_the_start_check_tells_a_wrong_password_and_an_unreachable_redis(
+    tmp_path: Path,
+) -> None:
+    server = redis_server(tmp_path, password="s3cret")
+    closed = free_port()
+    checked = {
+        "right": f"redis://:s3cret@127.0.0.1:{server.port}/0",
+        "wrong": f"redis://:not-the-password@127.0.0.1:{server.port}/0",
+        "none": f"redis://127.0.0.1:{server.port}/0",
+        "wrong user": f"redis://nobody:s3cret@127.0.0.1:{server.port}/0",
+        "closed port": f"redis://:s3cret@127.0.0.1:{closed}/0",
+    }
+    answers = {}
+    try:
+        for name, url in checked.items():
+            tier = tier_for(url)
+            try:
+                answers[name] = await tier.check()
+            finally:
+                await tier.close()
+    finally:
+        server.stop()
+    assert answers == {
+        "right": None,
+        "wrong": "Redis refused the credentials",
+        "none": "Redis refused the credentials",
+        "wrong user": "Redis refused the credentials",
+        "closed port": f"Redis is not reachable at 127.0.0.1:{closed}",
+    }
+
+
+def test_an_address_in_a_message_never_holds_the_password() -> None:
+    assert redis_address("redis://:s3cret@10.0.0.5:6380/0") == "10.0.0.5:6380"
+    assert redis_address("rediss://mmgate:s3cret@redis.example/1") == "redis.example:6379"
+    assert redis_address("redis://[::1]:7000") == "[::1]:7000"
 
 
 async def test_a_killed_redis_fails_no_lookup_opens_the_breaker_and_is_used_again(

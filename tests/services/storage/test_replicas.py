@@ -212,6 +212,43 @@ async def test_bad_bytes_in_redis_are_a_counted_miss_and_the_request_succeeds(
     assert metrics.value("mmgate_tier_refused_values_total") == refused + 1
 
 
+async def test_a_response_copied_under_another_prompts_key_is_refused_never_served(
+    replicas: tuple[RunningServer, RunningServer], redis: RedisProcess
+) -> None:
+    first, second = replicas
+
+    def response_keys() -> set[str]:
+        return set(redis.cli("--scan", "--pattern", "mmgate:*:response:*").split())
+
+    async def written_by_first(request: inference_pb2.GenerateRequest) -> str:
+        known = response_keys()
+        async with first.client(timeout=60) as one:
+            await one.complete_request(request)
+
+        async def landed() -> bool:
+            return bool(response_keys() - known)
+
+        await eventually(landed, timeout=10)
+        (key,) = response_keys() - known
+        return key
+
+    def shared(prompt: str) -> inference_pb2.GenerateRequest:
+        return build_request(prompt, max_tokens=8, temperature=0.0, cache_policy="response")
+
+    source = await written_by_first(shared("Name two mountains."))
+    target = await written_by_first(shared("Name two lakes."))
+    # a valid value of the same tenant, now under the other prompt's key
+    assert redis.cli("COPY", source, target, "REPLACE") == "1"
+    refused = (await scrape(second.metrics_url)).value("mmgate_tier_refused_values_total")
+    async with second.client(timeout=60) as two:
+        answer = await two.complete_request(shared("Name two lakes."))
+    assert not answer.final.cache.response_from_cache  # computed afresh
+    lookups = {(up.stage, up.outcome, up.tier) for up in answer.final.cache.lookups}
+    assert ("response", "miss", "redis") not in lookups
+    metrics = await scrape(second.metrics_url)
+    assert metrics.value("mmgate_tier_refused_values_total") == refused + 1
+
+
 async def test_a_stopped_redis_is_timed_out_and_costs_callers_little(
     replicas: tuple[RunningServer, RunningServer], redis: RedisProcess
 ) -> None:
