@@ -574,6 +574,13 @@ def test_mesh_policies_admit_exactly_the_mapped_identities(
     assert annotations.get("sidecar.istio.io/inject", "true") == "true"
     excluded = annotations.get("traffic.sidecar.istio.io/excludeInboundPorts", "")
     assert str(settings.port) not in excluded.split(",")
+    # the header is believed only from the sidecar's own address: in REDIRECT mode (no TPROXY
+    # annotation), Istio's inbound connections come from 127.0.0.6 / ::6, and nothing else may
+    # be listed (a pod CIDR would admit callers around the sidecar)
+    assert annotations.get("sidecar.istio.io/interceptionMode", "REDIRECT") == "REDIRECT"
+    assert {str(n) for n in settings.auth.sidecar_peers} == {"127.0.0.6/32", "::6/128"}
+    assert settings.auth.sidecar_xfcc == "append_forward"  # Istio's sidecar default
+    assert settings.host == "0.0.0.0"  # the sidecar forwards to the pod's address
     peer = one(docs, "PeerAuthentication", MMGATE)
     assert peer["spec"]["mtls"]["mode"] == "STRICT"
     assert peer["spec"]["portLevelMtls"] == {str(settings.metrics.port): {"mode": "PERMISSIVE"}}
