@@ -19,6 +19,7 @@ from services.proto.mmgate.v1 import inference_pb2 as pb
 from tests.redis_support import RedisProcess
 from tests.services.auth.conftest import Pki, as_tenant, refused
 from tests.services.imagegen import png
+from tests.services.prom import scrape
 from tests.support import RunningServer, eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -123,6 +124,46 @@ async def test_shared_responses_and_redis_entries_are_per_tenant(
         return {"alpha", "beta"} <= {key.split(":")[2] for key in keys}
 
     await eventually(both_written, timeout=10)
+
+
+async def test_alphas_response_copied_under_betas_key_in_redis_is_never_served(
+    token_server: RunningServer, pki: Pki, tenants_redis: RedisProcess
+) -> None:
+    # whoever can write to Redis copies alpha's valid value onto the key beta's same prompt
+    # reads (a text prompt's response key differs by tenant in its prefix only)
+    prompt = "An answer alpha paid for, number 5520."
+    options: dict[str, Any] = {
+        "max_tokens": 4,
+        "temperature": 0.0,
+        "cache_policy": "response",
+        "raw": True,
+    }
+
+    def alphas() -> list[str]:
+        keys = tenants_redis.cli("--scan", "--pattern", "mmgate:*:alpha:response:*").split()
+        return sorted(keys)
+
+    before = set(alphas())
+    async with tenant(token_server, pki, "alpha") as alpha:
+        await alpha.complete(prompt, **options)
+
+    async def written() -> bool:
+        return bool(set(alphas()) - before)
+
+    await eventually(written, timeout=10)
+    (source,) = set(alphas()) - before
+    target = source.replace(":alpha:response:", ":beta:response:")
+    assert tenants_redis.cli("COPY", source, target, "REPLACE") == "1"
+    refused_before = (await scrape(token_server.metrics_url)).value(
+        "mmgate_tier_refused_values_total"
+    )
+    async with tenant(token_server, pki, "beta") as beta:
+        theirs = await beta.complete(prompt, **options)
+    assert not theirs.final.cache.response_from_cache  # computed for beta, not alpha's served
+    lookups = {(up.stage, up.outcome, up.tier) for up in theirs.final.cache.lookups}
+    assert ("response", "miss", "redis") not in lookups
+    refused = (await scrape(token_server.metrics_url)).value("mmgate_tier_refused_values_total")
+    assert refused == refused_before + 1
 
 
 async def test_beta_gets_no_cached_prefix_of_alphas_prompt(
