@@ -10,21 +10,12 @@ Started in the foreground (``-db``) with a configuration of its own, stopped at 
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
 
-from tests.support import free_port
-
-
-def haproxy_binary() -> str:
-    found = shutil.which("haproxy") or next(
-        (p for p in ("/usr/sbin/haproxy",) if Path(p).exists()), None
-    )
-    assert found, "haproxy is missing: `make proxies` installs Debian's haproxy"
-    return found
+from tests.support import free_port, installed
 
 
 class TcpProxy:
@@ -61,7 +52,9 @@ class TcpProxy:
         config.write_text(self._config())
         with (self.directory / "haproxy.log").open("wb") as log:
             self.process = subprocess.Popen(
-                [haproxy_binary(), "-db", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT
+                [installed("haproxy"), "-db", "-f", str(config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + timeout
         while True:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -92,6 +93,14 @@ class Stuck:
             self.cancelled.set()
             raise
         return b"never"
+
+
+def installed(program: str) -> str:
+    """A Debian program's path (``make proxies`` installs nginx and haproxy): on PATH, or in
+    /usr/sbin, which a non-root PATH may lack."""
+    found = shutil.which(program) or shutil.which(program, path="/usr/sbin")
+    assert found, f"{program} is missing: `make proxies` installs Debian's {program}"
+    return found
 
 
 def free_port() -> int:

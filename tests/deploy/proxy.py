@@ -4,24 +4,15 @@ down (what Kubernetes' endpoint removal does), stopped at the end."""
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 from pathlib import Path
 
 import psutil
 
-from tests.support import ROOT, eventually, free_port
+from tests.support import ROOT, eventually, free_port, installed
 
 CONFIG = ROOT / "deploy" / "proxy" / "nginx.conf"
-
-
-def nginx_binary() -> str:
-    found = shutil.which("nginx") or next(
-        (p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None
-    )
-    assert found, "nginx is missing: `make proxies` installs Debian's nginx"
-    return found
 
 
 class Nginx:
@@ -55,14 +46,14 @@ class Nginx:
         self.directory.mkdir(parents=True, exist_ok=True)
         config = self._write()
         check = subprocess.run(
-            [nginx_binary(), "-t", "-p", str(self.directory), "-c", str(config)],
+            [installed("nginx"), "-t", "-p", str(self.directory), "-c", str(config)],
             capture_output=True,
             text=True,
             timeout=30,
         )
         assert check.returncode == 0, check.stderr
         self.process = subprocess.Popen(
-            [nginx_binary(), "-p", str(self.directory), "-c", str(config)],
+            [installed("nginx"), "-p", str(self.directory), "-c", str(config)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -1,8 +1,11 @@
-"""HTTP/2 connections as clients and Kubernetes treat them: keepalive pings, connection age.
+"""Connections as clients, Kubernetes and Redis treat them: keepalive pings, connection age, a
+second tier that refuses mmgate's credentials.
 
 - A client with aggressive keepalive (a ping every second, with or without calls, as Go and Java
   clients and proxies are often set up) keeps a unary call that sends nothing for 20 s and more,
   and an idle channel, without a GOAWAY "too_many_pings" (grpc's own defaults cut it at ~5 s).
+- A Redis URL with a wrong password is logged at start (one authenticated round trip), and
+  mmgate serves without the tier.
 - Behind a per-connection TCP balancer (HAProxy ``mode tcp``, as kube-proxy balances a Service),
   a pick_first client stays on its first replica for ever; with MMGATE_CONNECTIONS__MAX_AGE_SECONDS
   on that replica, its connection is closed now and then, and a new one can reach a replica
@@ -23,6 +26,7 @@ import pytest
 from services.client import MmgateClient, build_request
 from services.proto.mmgate.v1 import cache_pb2, inference_pb2_grpc
 from tests.haproxy import TcpProxy
+from tests.redis_support import RedisProcess, redis_server
 from tests.services.prom import scrape
 from tests.support import RunningServer, eventually, free_port, start_server
 
@@ -38,21 +42,35 @@ AGGRESSIVE = [
     ("grpc.http2.max_pings_without_data", 0),
 ]
 GET_STATS = "/mmgate.v1.Cache/GetStats"
+WRONG = "not-the-password"  # the aged replica's Redis password; the server's is another
 
 
 class Fleet:
-    """The module's servers beyond the session's: the slow one is started on first use (the
-    connection-age test starts it while a client is connected elsewhere)."""
+    """The module's servers beyond the session's, each started on first use: the connection-age
+    test starts the slow one while its client is connected to the aged one."""
 
-    def __init__(self, tiny_model: str, directory: Path) -> None:
+    def __init__(self, tiny_model: str, directory: Path, guarded_redis: RedisProcess) -> None:
         self.tiny_model, self.directory = tiny_model, directory
+        self.guarded_redis = guarded_redis
         self.servers: list[RunningServer] = []
+        self._aged: RunningServer | None = None
         self._slow: RunningServer | None = None
 
     def start(self, **settings: str) -> RunningServer:
         server = start_server(self.directory, self.tiny_model, **settings)
         self.servers.append(server)
         return server
+
+    def aged(self) -> RunningServer:
+        """Connections closed after MAX_AGE_SECONDS; its Redis URL has a wrong password (the
+        start check's test reads its log)."""
+        if self._aged is None:
+            self._aged = self.start(
+                MMGATE_CONNECTIONS__MAX_AGE_SECONDS=str(MAX_AGE_SECONDS),
+                MMGATE_CONNECTIONS__MAX_AGE_GRACE_SECONDS="60",
+                MMGATE_REDIS__URL=f"redis://:{WRONG}@127.0.0.1:{self.guarded_redis.port}/0",
+            )
+        return self._aged
 
     def slow(self, port: int | None = None) -> RunningServer:
         """The engine held SLOW_SECONDS before each request of tenant "slow" (fault
@@ -69,11 +87,16 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def fleet(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    servers = Fleet(tiny_model, tmp_path_factory.mktemp("connections"))
-    yield servers
-    for server in servers.servers:
-        if server.process.poll() is None:
-            assert server.stop() == 0, server.log()
+    directory = tmp_path_factory.mktemp("connections")
+    guarded = redis_server(directory, password="s3cret")
+    servers = Fleet(tiny_model, directory, guarded)
+    try:
+        yield servers
+    finally:
+        for server in servers.servers:
+            if server.process.poll() is None:
+                assert server.stop() == 0, server.log()
+        guarded.stop()
 
 
 async def calls_served(server: RunningServer) -> float:
@@ -83,10 +106,7 @@ async def calls_served(server: RunningServer) -> float:
 async def test_with_a_connection_age_a_client_reaches_a_replica_started_after_it(
     fleet: Fleet, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    first = fleet.start(
-        MMGATE_CONNECTIONS__MAX_AGE_SECONDS=str(MAX_AGE_SECONDS),
-        MMGATE_CONNECTIONS__MAX_AGE_GRACE_SECONDS="60",
-    )
+    first = fleet.aged()
     second_port = free_port()
     proxy = TcpProxy(tmp_path_factory.mktemp("kube-proxy"), [first.port, second_port]).start()
     try:
@@ -103,7 +123,23 @@ async def test_with_a_connection_age_a_client_reaches_a_replica_started_after_it
         assert await calls_served(first) > 0
     finally:
         proxy.stop()
-        assert first.stop() == 0, first.log()
+
+
+async def test_a_wrong_redis_password_is_logged_at_start_and_mmgate_serves_without_the_tier(
+    fleet: Fleet,
+) -> None:
+    # the connection to Redis: one authenticated round trip at start, a warning when it fails
+    server = fleet.aged()  # start_server returned: health said SERVING
+    log = server.log_path.read_text(errors="replace")
+    warning = (
+        "second tier: Redis refused the credentials; serving without it until it answers "
+        "(every lookup is a miss)"
+    )
+    assert log.count(warning) == 1, server.log()
+    assert WRONG not in log
+    async with server.client(timeout=60.0) as client:
+        answer = await client.complete_request(build_request("Say hello.", max_tokens=4))
+    assert answer.final.usage.completion_tokens >= 1
 
 
 async def test_an_aggressive_keepalive_client_keeps_a_long_call_and_an_idle_channel(

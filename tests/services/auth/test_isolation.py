@@ -25,6 +25,15 @@ from tests.support import RunningServer, eventually
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
+# a shared response, short and repeatable
+SHARED_RESPONSE: dict[str, Any] = {
+    "max_tokens": 4,
+    "temperature": 0.0,
+    "cache_policy": "response",
+    "raw": True,
+}
+
+
 def tenant(server: RunningServer, pki: Pki, name: str) -> MmgateClient:
     return MmgateClient(server.target, credentials=as_tenant(pki, name), timeout=120.0)
 
@@ -101,20 +110,14 @@ async def test_shared_responses_and_redis_entries_are_per_tenant(
     token_server: RunningServer, pki: Pki, tenants_redis: RedisProcess
 ) -> None:
     prompt = "Shared answer for the isolation test, number 7741."
-    options: dict[str, Any] = {
-        "max_tokens": 4,
-        "temperature": 0.0,
-        "cache_policy": "response",
-        "raw": True,
-    }
     async with (
         tenant(token_server, pki, "alpha") as alpha,
         tenant(token_server, pki, "beta") as beta,
     ):
-        first = await alpha.complete(prompt, **options)
-        again = await alpha.complete(prompt, **options)
+        first = await alpha.complete(prompt, **SHARED_RESPONSE)
+        again = await alpha.complete(prompt, **SHARED_RESPONSE)
         assert again.final.cache.response_from_cache  # the probe sees a shared response...
-        theirs = await beta.complete(prompt, **options)
+        theirs = await beta.complete(prompt, **SHARED_RESPONSE)
         assert not theirs.final.cache.response_from_cache  # ...and beta does not get alpha's
         assert theirs.text == first.text
 
@@ -132,12 +135,6 @@ async def test_alphas_response_copied_under_betas_key_in_redis_is_never_served(
     # whoever can write to Redis copies alpha's valid value onto the key beta's same prompt
     # reads (a text prompt's response key differs by tenant in its prefix only)
     prompt = "An answer alpha paid for, number 5520."
-    options: dict[str, Any] = {
-        "max_tokens": 4,
-        "temperature": 0.0,
-        "cache_policy": "response",
-        "raw": True,
-    }
 
     def alphas() -> list[str]:
         keys = tenants_redis.cli("--scan", "--pattern", "mmgate:*:alpha:response:*").split()
@@ -145,7 +142,7 @@ async def test_alphas_response_copied_under_betas_key_in_redis_is_never_served(
 
     before = set(alphas())
     async with tenant(token_server, pki, "alpha") as alpha:
-        await alpha.complete(prompt, **options)
+        await alpha.complete(prompt, **SHARED_RESPONSE)
 
     async def written() -> bool:
         return bool(set(alphas()) - before)
@@ -158,7 +155,7 @@ async def test_alphas_response_copied_under_betas_key_in_redis_is_never_served(
         "mmgate_tier_refused_values_total"
     )
     async with tenant(token_server, pki, "beta") as beta:
-        theirs = await beta.complete(prompt, **options)
+        theirs = await beta.complete(prompt, **SHARED_RESPONSE)
     assert not theirs.final.cache.response_from_cache  # computed for beta, not alpha's served
     lookups = {(up.stage, up.outcome, up.tier) for up in theirs.final.cache.lookups}
     assert ("response", "miss", "redis") not in lookups
