@@ -1,0 +1,99 @@
+"""mmgate's settings: environment variables ``MMGATE_*`` (nested with ``__``), CLI flags override.
+
+    MMGATE_PORT=50052 MMGATE_ENGINE__MAX_MODEL_LEN=4096 mmgate serve --engine.dtype float16
+
+Each field's docstring is its help text in ``mmgate serve --help``.
+
+    engine.py          EngineSettings, ThreadSettings, default_model_cache
+    cache.py           CacheSettings (the actor's), MediaSettings, RedisSettings
+    observability.py   TracingSettings, MetricsSettings, HealthSettings
+    access.py          AuthSettings, Grant, TenantSettings, ConnectionSettings
+    chaos.py           ChaosSettings, FaultPlan, Faults
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .access import AuthSettings, ConnectionSettings, Grant, TenantSettings
+from .cache import CacheSettings, MediaSettings, RedisSettings
+from .chaos import ChaosSettings, FaultPlan, Faults
+from .engine import EngineSettings, MiB, ThreadSettings, default_model_cache
+from .observability import HealthSettings, MetricsSettings, TracingSettings
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="MMGATE_",
+        env_nested_delimiter="__",
+        cli_prog_name="mmgate serve",
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        use_attribute_docstrings=True,
+        extra="ignore",
+    )
+
+    host: str = "127.0.0.1"
+    """Address to listen on."""
+    port: int = Field(50051, ge=0, le=65535)
+    """Port to listen on (0: any free port)."""
+    model_cache: Path = Field(default_factory=default_model_cache)
+    """Where converted models live (MMGATE_MODEL_CACHE)."""
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
+    media: MediaSettings = Field(default_factory=MediaSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
+    threads: ThreadSettings = Field(default_factory=ThreadSettings)
+    chaos: ChaosSettings = Field(default_factory=ChaosSettings)
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    tenants: TenantSettings = Field(default_factory=TenantSettings)
+    connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
+    max_message_bytes: int = Field(32 * MiB, gt=0)
+    """Largest request; up to twice this gets INVALID_ARGUMENT, beyond that gRPC refuses it."""
+    max_prompt_chars: int = Field(200_000, gt=0)
+    """Longest prompt, or all chat messages together, in characters."""
+    max_chat_messages: int = Field(256, gt=0)
+    """Most chat messages in one request."""
+    max_stop_strings: int = Field(16, gt=0)
+    """Most stop strings in one request."""
+    default_max_tokens: int = Field(256, gt=0)
+    """max_tokens of a request that sets none (less where the context window ends first)."""
+    max_concurrent_requests: int = Field(256, gt=0)
+    """Requests in progress beyond this get RESOURCE_EXHAUSTED at once."""
+    default_deadline_seconds: float = Field(300.0, gt=0)
+    """Deadline of a call whose client set none: no request waits unbounded."""
+    shutdown_grace_seconds: float = Field(10.0, ge=0)
+    """On SIGTERM: how long requests in progress may finish before they are cancelled."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Log level of mmgate's own loggers."""
+    log_format: Literal["text", "json"] = "text"
+    """text, or one JSON object a line; both carry the trace and span ids of the request."""
+
+
+__all__ = [
+    "AuthSettings",
+    "CacheSettings",
+    "ChaosSettings",
+    "ConnectionSettings",
+    "EngineSettings",
+    "FaultPlan",
+    "Faults",
+    "Grant",
+    "HealthSettings",
+    "MediaSettings",
+    "MetricsSettings",
+    "MiB",
+    "RedisSettings",
+    "Settings",
+    "TenantSettings",
+    "ThreadSettings",
+    "TracingSettings",
+    "default_model_cache",
+]

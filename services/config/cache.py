@@ -1,0 +1,129 @@
+"""The cache's settings: the actor's budget and deadlines, images, and Redis as its second tier."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cache_actor import CacheConfig
+
+from .engine import MiB
+
+# the actor's own defaults are the settings' (one source): filled in by name
+_ACTOR: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(CacheConfig)}
+# the settings the actor takes under the same name
+_BY_NAME = (
+    "max_bytes",
+    "ttl_seconds",
+    "mailbox_size",
+    "compute_deadline",
+    "stall_threshold",
+    "max_entry_fraction",
+)
+
+
+class CacheSettings(BaseModel):
+    """The cache actor's budget and deadlines (see docs/cache_actor.md)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    max_bytes: int = Field(_ACTOR["max_bytes"], gt=0)
+    """Byte budget of the in-memory cache."""
+    max_bytes_per_tenant: int | None = Field(None, gt=0)
+    """One tenant's budget; unset: the whole budget."""
+    ttl_seconds: float | None = Field(_ACTOR["ttl_seconds"], gt=0)
+    """Drop entries older than this (memory hygiene)."""
+    mailbox_size: int = Field(_ACTOR["mailbox_size"], gt=0)
+    """Queued lookups before the cache refuses with RESOURCE_EXHAUSTED."""
+    compute_deadline: float = Field(_ACTOR["compute_deadline"], gt=0)
+    """A cache computation (tokenizing, decoding) is cancelled after this."""
+    stall_threshold: float = Field(_ACTOR["stall_threshold"], gt=0)
+    """A computation older than this is logged with its stack."""
+    max_entry_fraction: float = Field(_ACTOR["max_entry_fraction"], gt=0, le=1)
+    """A value larger than this share of a tenant's budget is served but not stored (one request
+    must not flush everyone's images): 25.6 MiB of the default 512 MiB."""
+
+    def actor_config(
+        self,
+        redis: RedisSettings | None = None,
+        *,
+        tenant_bytes: int | None = None,
+        max_tenants: int = 1024,
+    ) -> CacheConfig:
+        """The actor's settings; with ``redis``, its second tier's bounds too. ``tenant_bytes``:
+        one tenant's budget where it is not set here (a fair share: api/quotas.py)."""
+        tier: dict[str, Any] = {}
+        if redis is not None:
+            tier = {
+                "tier_timeout": redis.timeout_seconds,
+                "tier_breaker_failures": redis.breaker_failures,
+                "tier_breaker_seconds": redis.breaker_seconds,
+                "tier_write_queue": redis.write_queue,
+            }
+        return CacheConfig(
+            **tier,
+            **{name: getattr(self, name) for name in _BY_NAME},
+            max_bytes_per_tenant=self.max_bytes_per_tenant or tenant_bytes,
+            max_tenants=max_tenants,
+        )
+
+
+class MediaSettings(BaseModel):
+    """Images: how they are cached and what is accepted (see docs/images.md)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    mode: Literal["auto", "embeddings", "pixels"] = "auto"
+    """auto: cache encoder outputs where mmgate can run the model's vision encoder (LLaVA family),
+    else cache decoded images and let the engine encode them."""
+    max_images_per_request: int = Field(16, gt=0)
+    """Most images in one request."""
+    max_image_bytes: int = Field(10 * MiB, gt=0)
+    """Largest encoded image."""
+    max_image_pixels: int = Field(40_000_000, gt=0)
+    """Most pixels (width x height) of one image, checked before it is decoded."""
+    min_image_side: int = Field(8, gt=0)
+    """Smallest width or height in pixels."""
+    encoder_dtype: str | None = None
+    """The vision encoder's dtype (embeddings mode); unset: the engine's."""
+    shrink_images: bool = True
+    """Store decoded images at the size the model's image processor resizes them to, where that
+    leaves its output unchanged (fixed-resolution processors; checked at start)."""
+
+
+class RedisSettings(BaseModel):
+    """Redis as the cache's second tier, shared by replicas (see docs/scaling.md). Off unless
+    ``url`` is set."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    url: str | None = None
+    """redis://[user:password@]host:port/db, or rediss:// for TLS; unset: no second tier."""
+    cluster: bool = False
+    """The URL names one node of a Redis Cluster."""
+    tls_ca_file: Path | None = None
+    """CA certificate that signed the server's (rediss:// with a private CA)."""
+    timeout_seconds: float = Field(_ACTOR["tier_timeout"], gt=0)
+    """Bound on every Redis call, a value's check and decode included; beyond it, a miss."""
+    embedding_ttl_seconds: float = Field(7 * 24 * 3600.0, gt=0)
+    """How long an encoder output stays in Redis."""
+    response_ttl_seconds: float = Field(24 * 3600.0, gt=0)
+    """How long a finished shared response stays in Redis."""
+    max_value_bytes: int = Field(32 * MiB, gt=0)
+    """A larger value is not written (and one read back is refused)."""
+    write_queue: int = Field(_ACTOR["tier_write_queue"], gt=0)
+    """Writes waiting for Redis; beyond this they are dropped, counted."""
+    breaker_failures: int = Field(_ACTOR["tier_breaker_failures"], gt=0)
+    """Consecutive failed reads that open the circuit breaker."""
+    breaker_seconds: float = Field(_ACTOR["tier_breaker_seconds"], ge=0)
+    """How long an open breaker stops asking Redis."""
+    value_secret_file: Path | None = None
+    """A file holding a secret shared by the replicas: each value then carries an HMAC-SHA256 of
+    its key and bytes, so that only a holder of the secret can write a value mmgate will read;
+    unset: values are bound to their key by a checked header alone."""
+
+
+__all__ = ["CacheSettings", "MediaSettings", "RedisSettings"]

@@ -1,0 +1,80 @@
+"""The engine's settings: the vLLM arguments operators tune, and where converted models live."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MiB = 1024 * 1024
+
+
+def default_model_cache() -> Path:
+    """Where converted models live: ``$MMGATE_MODEL_CACHE``, else ``~/.cache/mmgate/models``.
+
+    Outside the repository, so that a fresh clone or ``make clean`` does not redo the conversion.
+    """
+    configured = os.environ.get("MMGATE_MODEL_CACHE")
+    if configured:
+        return Path(configured).expanduser()
+    return Path.home() / ".cache" / "mmgate" / "models"
+
+
+class EngineSettings(BaseModel):
+    """The vLLM engine arguments operators tune; anything else goes through ``extra``."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    model: str | None = None
+    """Model folder or name; unset: the embedded SmolLM2-135M-Instruct, prepared on first start."""
+    served_model_name: str | None = None
+    """The name reported to clients; unset: the model folder's name."""
+    dtype: str = "auto"
+    """Weights and activations dtype; auto: on a CPU, bfloat16 where a known-answer check showed
+    this CPU's bfloat16 kernels right, else float32 (services/engine/dtypes.py); on a GPU, the
+    checkpoint's own."""
+    max_model_len: int = Field(2048, gt=0)
+    """Context window in tokens: prompt plus output."""
+    max_num_seqs: int = Field(32, gt=0)
+    """Sequences the engine runs at once."""
+    block_size: int | None = Field(None, gt=0)
+    """KV cache block size in tokens; unset: the platform's (128 on CPU)."""
+    kv_cache_dtype: str = "auto"
+    """KV cache dtype."""
+    enable_prefix_caching: bool = True
+    """Reuse KV blocks of shared prompt prefixes."""
+    kv_cache_memory_bytes: int | None = Field(1024 * MiB, gt=0)
+    """KV cache size; vLLM's CPU worker refuses to start without it."""
+    tensor_parallel_size: int = Field(1, gt=0)
+    """Devices one model is split over."""
+    enforce_eager: bool = True
+    """No graph compilation: on CPU, starts in ~17 s instead of 67-121 s for 20% less throughput."""
+    seed: int = 0
+    """The engine's random seed."""
+    stream_interval: int = Field(1, gt=0)
+    """Tokens per streamed message, at least (vLLM's stream_interval): the first token and the
+    last delta go at once, the rest in groups of this many. 1: every engine step, as it comes;
+    higher: fewer gRPC messages and less CPU a token (docs/benchmarks.md), coarser streaming. A
+    request's SamplingParams.stream_interval can raise it, not lower it."""
+    extra: dict[str, Any] = Field(default_factory=dict)
+    """Any other vLLM engine argument, as JSON: '{"swap_space": 2}'."""
+
+
+class ThreadSettings(BaseModel):
+    """Worker threads of each CPU-bound stage: a burst in one queues there, not in the others."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    hash: int = Field(2, gt=0)
+    """Hashing large images (sha256 of the bytes)."""
+    decode: int = Field(2, gt=0)
+    """Decoding images."""
+    encode: int = Field(1, gt=0)
+    """Running the vision encoder (embeddings mode; torch uses several cores for each)."""
+    render: int = Field(2, gt=0)
+    """Rendering chat templates and tokenizing prompts."""
+
+
+__all__ = ["EngineSettings", "MiB", "ThreadSettings", "default_model_cache"]
