@@ -39,7 +39,7 @@ class CacheConfig:
     # None: each tenant may use the whole budget.
     max_bytes_per_tenant: int | None = None
     # A value larger than this fraction of the (tenant's) budget is returned but not stored.
-    max_entry_fraction: float = 0.25
+    max_entry_fraction: float = 0.05
     # Memory hygiene, not freshness: keys are content hashes, so values never go stale.
     ttl_seconds: float | None = None
     mailbox_size: int = 4096
@@ -49,11 +49,11 @@ class CacheConfig:
     # Keep a flight running when its last waiter leaves: the same image is likely asked for again.
     finish_orphaned_flights: bool = True
     weigher: Weigher = field(default=default_weigher)
-    tier_timeout: float = 0.05
+    tier_timeout: float = 0.25
     # Circuit breaker of the second tier: after this many consecutive failures, stop asking it
     # for ``tier_breaker_seconds``.
     tier_breaker_failures: int = 5
-    tier_breaker_seconds: float = 30.0
+    tier_breaker_seconds: float = 10.0
     # Write-backs wait in a queue of this many (beyond it they are dropped, counted) for
     # ``tier_writers`` tasks: a slow tier never holds more than this in memory.
     tier_write_queue: int = 256

@@ -1,0 +1,40 @@
+"""One source for each default: the cache actor's settings as the service configures them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from cache_actor import CacheConfig
+from services.config import CacheSettings, RedisSettings
+
+# the service's name for each of the actor's settings it exposes
+SERVICE_NAMES = {
+    "max_bytes": ("cache", "max_bytes"),
+    "ttl_seconds": ("cache", "ttl_seconds"),
+    "mailbox_size": ("cache", "mailbox_size"),
+    "compute_deadline": ("cache", "compute_deadline"),
+    "stall_threshold": ("cache", "stall_threshold"),
+    "max_entry_fraction": ("cache", "max_entry_fraction"),
+    "tier_timeout": ("redis", "timeout_seconds"),
+    "tier_write_queue": ("redis", "write_queue"),
+    "tier_breaker_failures": ("redis", "breaker_failures"),
+    "tier_breaker_seconds": ("redis", "breaker_seconds"),
+}
+
+
+def test_the_settings_defaults_are_the_actors() -> None:
+    actor = {f.name: f.default for f in dataclasses.fields(CacheConfig)}
+    sections = {"cache": CacheSettings(), "redis": RedisSettings()}
+    for name, (section, setting) in SERVICE_NAMES.items():
+        assert getattr(sections[section], setting) == actor[name], name
+
+
+def test_the_actor_gets_every_setting_by_its_value() -> None:
+    cache = CacheSettings(max_bytes=1 << 20, ttl_seconds=5.0, max_entry_fraction=0.5)
+    redis = RedisSettings(timeout_seconds=0.7, breaker_seconds=3.0)
+    config = cache.actor_config(redis, tenant_bytes=1 << 10, max_tenants=7)
+    assert (config.max_bytes, config.ttl_seconds, config.max_entry_fraction) == (1 << 20, 5.0, 0.5)
+    assert (config.tier_timeout, config.tier_breaker_seconds) == (0.7, 3.0)
+    assert (config.max_bytes_per_tenant, config.max_tenants) == (1 << 10, 7)
+    # unchanged settings: the actor's own defaults
+    assert config.mailbox_size == CacheConfig().mailbox_size
