@@ -6,47 +6,14 @@ tests/support.py.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from cache_actor import CacheActor, CacheConfig, CacheStats
+from cache_actor import CacheActor, CacheConfig
+from tests.cache_actor.stats_check import MakeActor
 from tests.support import assert_no_leaked_tasks
-
-COUNTERS = (
-    "hits",
-    "tier_hits",
-    "misses",
-    "coalesced",
-    "load_successes",
-    "load_failures",
-    "evictions",
-    "evicted_bytes",
-    "expirations",
-    "oversize_rejections",
-    "recursion_rejections",
-    "compute_timeouts",
-    "caller_timeouts",
-    "cancelled_waiters",
-    "overloaded",
-    "tier_errors",
-    "tier_write_errors",
-    "stalled_flights",
-)
-
-
-def assert_stats(cache: CacheActor, **expected: Any) -> CacheStats:
-    """Assert the named stats exactly and every counter not named to be zero (async-lru style)."""
-    stats = cache.stats()
-    actual = dataclasses.asdict(stats)
-    wanted = {name: 0 for name in COUNTERS} | expected
-    assert {name: actual[name] for name in wanted} == wanted
-    return stats
-
-
-MakeActor = Callable[..., CacheActor]
 
 
 @pytest.fixture

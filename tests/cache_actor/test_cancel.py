@@ -3,9 +3,8 @@ import asyncio
 import pytest
 
 from cache_actor import CacheActor, CacheConfig, Outcome, waiting_to_start
+from tests.cache_actor.stats_check import MakeActor, assert_stats
 from tests.support import Gate, Stuck, until
-
-from .conftest import MakeActor, assert_stats
 
 
 async def test_leader_cancellation_leaves_followers_served(cache: CacheActor) -> None:

@@ -1,9 +1,8 @@
 import asyncio
 
 from cache_actor import CacheActor, Outcome
+from tests.cache_actor.stats_check import assert_stats
 from tests.support import Gate, until
-
-from .conftest import assert_stats
 
 
 async def test_thousand_identical_misses_compute_once(cache: CacheActor) -> None:

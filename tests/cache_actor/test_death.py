@@ -3,9 +3,8 @@ import asyncio
 import pytest
 
 from cache_actor import CacheActor, CacheActorDead
+from tests.cache_actor.stats_check import MakeActor
 from tests.support import Gate, until
-
-from .conftest import MakeActor
 
 
 async def test_crashed_actor_fails_every_waiter(

@@ -3,9 +3,8 @@ import asyncio
 import pytest
 
 from cache_actor import CacheActor, CacheConfig, CacheError, ComputeTimeout, Outcome
+from tests.cache_actor.stats_check import MakeActor, assert_stats
 from tests.support import Gate, until
-
-from .conftest import MakeActor, assert_stats
 
 
 class ImageCorrupt(ValueError):

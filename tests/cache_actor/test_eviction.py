@@ -1,9 +1,8 @@
 import asyncio
 
 from cache_actor import CacheActor, CacheConfig, Outcome
+from tests.cache_actor.stats_check import MakeActor, assert_stats
 from tests.support import Gate, until
-
-from .conftest import MakeActor, assert_stats
 
 
 def value_of(nbytes: int) -> bytes:

@@ -4,9 +4,8 @@ from typing import Any
 import pytest
 
 from cache_actor import CacheRecursionError, LookupEvent, Outcome
+from tests.cache_actor.stats_check import MakeActor
 from tests.support import Gate, until
-
-from .conftest import MakeActor
 
 
 class Recorder:

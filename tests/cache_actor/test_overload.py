@@ -3,9 +3,8 @@ import asyncio
 import pytest
 
 from cache_actor import CacheConfig, CacheOverloaded
+from tests.cache_actor.stats_check import MakeActor, assert_stats
 from tests.support import Gate, until
-
-from .conftest import MakeActor, assert_stats
 
 
 async def test_full_mailbox_refuses_at_once(make_actor: MakeActor) -> None:

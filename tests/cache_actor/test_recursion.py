@@ -5,9 +5,8 @@ import asyncio
 import pytest
 
 from cache_actor import CacheActor, CacheRecursionError, Outcome
+from tests.cache_actor.stats_check import assert_stats
 from tests.support import Gate, until
-
-from .conftest import assert_stats
 
 # Recursion must be refused at once; this bounds "at once" far below every deadline in play.
 FAST = 1.0

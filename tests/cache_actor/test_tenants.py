@@ -1,6 +1,5 @@
 from cache_actor import CacheActor, CacheConfig, TenantStats
-
-from .conftest import MakeActor
+from tests.cache_actor.stats_check import MakeActor
 
 
 async def put(cache: CacheActor, key: str, tenant: str, nbytes: int = 100) -> None:

@@ -2,9 +2,8 @@ import asyncio
 from typing import Any
 
 from cache_actor import CacheConfig, InMemoryTier, Outcome, SecondTier, TierUse
+from tests.cache_actor.stats_check import MakeActor, assert_stats
 from tests.support import Gate, until
-
-from .conftest import MakeActor, assert_stats
 
 
 class BrokenTier:

@@ -3,9 +3,8 @@ import asyncio
 import pytest
 
 from cache_actor import CacheActor, CacheConfig, ComputeTimeout, Outcome
+from tests.cache_actor.stats_check import MakeActor, assert_stats
 from tests.support import Gate, Stuck, until
-
-from .conftest import MakeActor, assert_stats
 
 
 async def test_caller_timeout_leaves_the_flight_running(cache: CacheActor) -> None:

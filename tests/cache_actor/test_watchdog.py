@@ -6,9 +6,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from cache_actor import CacheActor, CacheActorDead, CacheConfig, CacheStats
+from tests.cache_actor.stats_check import MakeActor
 from tests.support import Gate
-
-from .conftest import MakeActor
 
 
 class Captured(logging.Handler):

@@ -23,8 +23,8 @@ from services.client import MmgateClient, SyncClient, build_request, digest_of
 from services.client.requests import affinity_of
 from services.proto.mmgate.v1 import inference_pb2 as pb
 from services.wire import AFFINITY_HEADER
+from tests.support import RunningServer, start_server
 
-from .conftest import RunningServer, start_server
 from .imagegen import png
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,8 +8,7 @@ from grpc_health.v1 import health_pb2
 
 from services.client import MmgateClient
 from services.proto.mmgate.v1 import cache_pb2, inference_pb2
-
-from ..conftest import RunningServer
+from tests.support import RunningServer
 
 METHODS = {
     "Generate": ("/mmgate.v1.Inference/Generate", "unary_stream", inference_pb2.GenerateRequest),

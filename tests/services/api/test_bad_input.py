@@ -6,8 +6,8 @@ import pytest
 
 from services.client import MmgateClient, build_request
 from services.proto.mmgate.v1 import inference_pb2 as pb
+from tests.services.statuses import violated_fields
 
-from ..conftest import violated_fields
 from ..imagegen import png
 
 

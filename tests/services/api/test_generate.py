@@ -5,8 +5,7 @@ from typing import Any
 
 from services.client import MmgateClient, SyncClient, build_request
 from services.proto.mmgate.v1 import inference_pb2 as pb
-
-from ..conftest import RunningServer
+from tests.support import RunningServer
 
 
 async def collect(client: MmgateClient, request: pb.GenerateRequest) -> list[pb.GenerateResponse]:

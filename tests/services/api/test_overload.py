@@ -8,8 +8,8 @@ import pytest
 
 from services.client import MmgateClient, build_request
 from services.proto.mmgate.v1 import inference_pb2 as pb
-
-from ..conftest import RunningServer, error_details
+from tests.services.statuses import error_details
+from tests.support import RunningServer
 
 LIMIT = 16  # MMGATE_MAX_CONCURRENT_REQUESTS of the session's server
 

@@ -5,8 +5,7 @@ import asyncio
 
 from services.client import build_request
 from services.proto.mmgate.v1 import inference_pb2 as pb
-
-from ..conftest import RunningServer
+from tests.support import RunningServer
 
 MAX_TOKENS = 900
 

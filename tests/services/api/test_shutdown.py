@@ -10,8 +10,7 @@ import grpc
 import pytest
 
 from services.client import MmgateClient, build_request
-
-from ..conftest import RunningServer, start_server
+from tests.support import RunningServer, start_server
 
 
 def children_of(pid: int) -> set[int]:

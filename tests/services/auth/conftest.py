@@ -15,29 +15,25 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import pytest
 
-from services.api.auth import token_digest
 from services.client import Credentials
 from services.models import build_tiny_llava
 from tests.haproxy import TcpProxy
 from tests.redis_support import RedisProcess, redis_server
+from tests.services.auth.support import (
+    MESH_IDENTITIES,
+    TOKEN_GRANTS,
+    Mesh,
+    MiB,
+    Pki,
+    with_cert,
+    write_tokens,
+)
 from tests.support import RunningServer, start_server
 from tests.tls_support import CertificateAuthority, Issued
-
-TOKENS = {"alpha": "alpha-token-0f3c9a", "beta": "beta-token-77d2e1", "ops": "ops-token-c41b08"}
-MiB = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Pki:
-    ca: CertificateAuthority
-    server: Issued
-    directory: Path
 
 
 @pytest.fixture(scope="session")
@@ -45,29 +41,6 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     directory = tmp_path_factory.mktemp("pki")
     ca = CertificateAuthority(directory)
     return Pki(ca, ca.issue("server", "mmgate", server=True), directory)
-
-
-async def refused(call: object) -> grpc.aio.AioRpcError:
-    """The error a call ends with; fails the test if it succeeds."""
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await call  # type: ignore[misc]
-    return caught.value
-
-
-def write_tokens(path: Path, grants: dict[str, object]) -> None:
-    """A tokens file as an operator writes it: digests of tokens, never the tokens. Written
-    beside and renamed into place, as a Kubernetes Secret update swaps its files."""
-    body = {token_digest(token): grant for token, grant in grants.items()}
-    staging = path.with_suffix(".new")
-    staging.write_text(json.dumps(body))
-    staging.replace(path)
-
-
-TOKEN_GRANTS: dict[str, object] = {
-    TOKENS["alpha"]: "alpha",
-    TOKENS["beta"]: "beta",
-    TOKENS["ops"]: {"tenant": "ops", "role": "admin"},
-}
 
 
 @pytest.fixture(scope="session")
@@ -114,11 +87,6 @@ def token_server(
     assert running.stop() == 0, running.log()
 
 
-def as_tenant(pki: Pki, name: str) -> Credentials:
-    """token_server's caller ``name`` ("alpha", "beta", "ops")."""
-    return Credentials(token=TOKENS[name], tls_ca=pki.ca.issued.cert)
-
-
 @pytest.fixture(scope="session")
 def client_certs(pki: Pki) -> dict[str, Issued]:
     """Client certificates of the server's CA, and one of another CA with the same names."""
@@ -132,12 +100,6 @@ def client_certs(pki: Pki) -> dict[str, Issued]:
             "foreign", "alpha-client", uris=("spiffe://test/ns/apps/sa/alpha",)
         ),
     }
-
-
-def with_cert(pki: Pki, cert: Issued | None) -> Credentials:
-    if cert is None:
-        return Credentials(tls_ca=pki.ca.issued.cert)
-    return Credentials(tls_ca=pki.ca.issued.cert, tls_cert=cert.cert, tls_key=cert.key)
 
 
 @pytest.fixture(scope="session")
@@ -170,27 +132,6 @@ def mtls_server(
     )
     yield running
     assert running.stop() == 0, running.log()
-
-
-MESH_IDENTITIES = {
-    "spiffe://cluster.local/ns/apps/sa/frontend": "alpha",
-    "spiffe://cluster.local/ns/apps/sa/batch": "beta",
-    "spiffe://cluster.local/ns/ops/sa/admin": {"tenant": "ops", "role": "admin"},
-}
-
-
-def xfcc(uri: str) -> str:
-    """x-forwarded-client-cert as an Istio sidecar writes it for a caller's mTLS connection."""
-    return f'By=spiffe://cluster.local/ns/ml/sa/mmgate;Hash=4f2c0e;Subject="";URI={uri}'
-
-
-@dataclass(frozen=True)
-class Mesh:
-    """mesh_server and its sidecar: ``server.target`` is the sidecar's port (connections reach
-    mmgate from 127.0.0.6, as Istio's REDIRECT mode sends them), ``direct`` mmgate's own."""
-
-    server: RunningServer
-    direct: str
 
 
 @pytest.fixture(scope="session")

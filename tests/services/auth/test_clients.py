@@ -22,7 +22,7 @@ import pytest
 from google.protobuf import json_format, message_factory
 
 from services.proto.mmgate.v1 import cache_pb2, inference_pb2
-from tests.services.auth.conftest import TOKENS, Pki
+from tests.services.auth.support import TOKENS, Pki
 from tests.support import RunningServer
 from tests.tls_support import Issued
 

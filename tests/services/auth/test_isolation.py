@@ -17,7 +17,7 @@ from PIL import Image
 from services.client import MmgateClient, error_reason
 from services.proto.mmgate.v1 import inference_pb2 as pb
 from tests.redis_support import RedisProcess
-from tests.services.auth.conftest import Pki, as_tenant, refused
+from tests.services.auth.support import Pki, as_tenant, refused
 from tests.services.imagegen import png
 from tests.services.prom import scrape
 from tests.support import RunningServer, eventually

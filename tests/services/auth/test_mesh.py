@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2
 
 from services.client import MmgateClient, build_request, error_reason
 from services.proto.mmgate.v1 import cache_pb2
-from tests.services.auth.conftest import Mesh, xfcc
+from tests.services.auth.support import Mesh, xfcc
 from tests.services.prom import scrape
 from tests.support import RunningServer
 

@@ -13,7 +13,7 @@ import pytest
 from cryptography import x509
 
 from services.client import MmgateClient, error_reason
-from tests.services.auth.conftest import Pki, with_cert
+from tests.services.auth.support import Pki, with_cert
 from tests.support import RunningServer, eventually
 from tests.tls_support import Issued
 

@@ -11,7 +11,7 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 
 from services.client import MmgateClient, error_reason
-from tests.services.auth.conftest import Pki, as_tenant
+from tests.services.auth.support import Pki, as_tenant
 from tests.services.imagegen import large_png, png, variant
 from tests.support import RunningServer, eventually
 

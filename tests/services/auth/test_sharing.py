@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from services.client import MmgateClient
-from tests.services.auth.conftest import MESH_IDENTITIES, xfcc
+from tests.services.auth.support import MESH_IDENTITIES, xfcc
 from tests.services.imagegen import png
 from tests.support import RunningServer
 

@@ -15,7 +15,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from services.client import Credentials, MmgateClient, error_reason
 from services.proto.mmgate.v1 import cache_pb2
 from services.wire import TENANT_HEADER
-from tests.services.auth.conftest import TOKEN_GRANTS, TOKENS, Pki, as_tenant, refused, write_tokens
+from tests.services.auth.support import TOKEN_GRANTS, TOKENS, Pki, as_tenant, refused, write_tokens
 from tests.support import RunningServer, eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..conftest import ROOT, RunningServer
+from tests.support import ROOT, RunningServer
 
 
 def bench(server: RunningServer, tmp_path: Path, *options: str) -> tuple[str, dict[str, object]]:

@@ -11,8 +11,7 @@ import pytest
 from services.cli.commands import _parser
 from services.cli.stats_view import render_stats
 from services.proto.mmgate.v1 import cache_pb2 as pb
-
-from ..conftest import ROOT, RunningServer
+from tests.support import ROOT, RunningServer
 
 
 def busy_stats() -> pb.GetStatsResponse:

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from services.client import MmgateClient
-
-from ..conftest import ROOT, RunningServer, start_server
+from tests.support import ROOT, RunningServer, start_server
 
 
 def mmgate(*args: str, timeout: float = 300) -> str:

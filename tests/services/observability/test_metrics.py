@@ -10,8 +10,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.client import MmgateClient, build_request
+from tests.support import RunningServer
 
-from ..conftest import RunningServer
 from ..prom import DASHBOARD_NAMES, Scrape, promtool_problems, scrape, scrape_until
 
 COMPLETE = "/mmgate.v1.Inference/Complete"

@@ -9,7 +9,8 @@ import urllib.parse
 
 import psutil
 
-from ..conftest import RunningServer
+from tests.support import RunningServer
+
 from ..prom import scrape
 
 IDLE_CONNECTIONS = 200

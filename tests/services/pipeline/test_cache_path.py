@@ -8,8 +8,7 @@ import pytest
 
 from services.client import MmgateClient, build_request
 from services.proto.mmgate.v1 import inference_pb2 as pb
-
-from ..conftest import RunningServer
+from tests.support import RunningServer
 
 
 def lookup(final: pb.GenerateFinal, stage: str) -> pb.CacheLookup:

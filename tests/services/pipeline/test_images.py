@@ -21,9 +21,9 @@ from services.models import build_tiny_llava, engine_settings
 from services.pipeline.media import PixelsStage
 from services.proto.mmgate.v1 import inference_pb2 as pb
 from services.wire import TENANT_HEADER
+from tests.services.statuses import error_details, violated_fields
 from tests.support import eventually
 
-from ..conftest import error_details, violated_fields
 from ..imagegen import corrupt_png, large_png, png, png_bomb, variant
 from ..prom import promtool_problems, scrape
 from ..reentering import ReEntering

@@ -10,9 +10,7 @@ import uuid
 import grpc
 
 from services.client import MmgateClient, build_request
-from tests.support import eventually
-
-from ..conftest import RunningServer
+from tests.support import RunningServer, eventually
 
 LIMIT = 16  # MMGATE_MAX_CONCURRENT_REQUESTS of the test server
 WAVES = 6
