@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,6 +134,8 @@ def wait_serving(
 
 
 ROOT = Path(__file__).resolve().parents[1]
+# engines started during the run, by where (tests/conftest.py prints them at the end)
+ENGINE_STARTS: Counter[str] = Counter()
 START_TIMEOUT = 240.0
 STOP_TIMEOUT = 90.0
 MiB = 1024 * 1024
@@ -187,6 +190,7 @@ def start_server(
     its clients connect with (TLS, a client certificate, a token) unless told otherwise; a
     port of the caller's choosing as MMGATE_PORT."""
     port = int(settings.get("MMGATE_PORT") or free_port())
+    ENGINE_STARTS["mmgate serve"] += 1
     env = dict(os.environ)
     env.update(
         {
