@@ -8,13 +8,6 @@ import grpc
 from ..wire import TRACE_HEADERS
 
 
-def metadata_value(context: grpc.aio.ServicerContext, name: str) -> str | None:
-    for key, value in context.invocation_metadata() or ():
-        if key == name:
-            return value if isinstance(value, str) else value.decode()
-    return None
-
-
 def metadata_values(context: grpc.aio.ServicerContext, name: str) -> list[str]:
     """Every value the call's metadata gives ``name`` (a header may be sent more than once)."""
     return [
@@ -22,6 +15,11 @@ def metadata_values(context: grpc.aio.ServicerContext, name: str) -> list[str]:
         for key, value in context.invocation_metadata() or ()
         if key == name
     ]
+
+
+def metadata_value(context: grpc.aio.ServicerContext, name: str) -> str | None:
+    """The first value of ``name``, or None."""
+    return next(iter(metadata_values(context, name)), None)
 
 
 def trace_headers(context: grpc.aio.ServicerContext) -> dict[str, str]:

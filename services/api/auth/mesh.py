@@ -29,7 +29,7 @@ from typing import Final, final
 
 XFCC_HEADER: Final = "x-forwarded-client-cert"
 # Envoy's keys, in Envoy's case (source/common/http/conn_manager_utility.cc)
-XFCC_KEYS: Final = frozenset({"By", "Hash", "Cert", "Chain", "Subject", "URI", "DNS"})
+_KEYS: Final = frozenset({"By", "Hash", "Cert", "Chain", "Subject", "URI", "DNS"})
 # keys that may appear more than once in an element (a certificate has several DNS SANs)
 _REPEATABLE: Final = frozenset({"DNS"})
 
@@ -75,14 +75,14 @@ def _value(raw: str) -> str:
     return raw
 
 
-def parse_element(element: str) -> dict[str, list[str]]:
+def _parse_element(element: str) -> dict[str, list[str]]:
     """One element's pairs, by key; raises MalformedHeader."""
     pairs: dict[str, list[str]] = {}
     for pair in _split(element, ";"):
         key, equals, raw = pair.partition("=")
         if not equals:
             raise MalformedHeader("a pair without '='")
-        if key not in XFCC_KEYS:
+        if key not in _KEYS:
             raise MalformedHeader(f"an unknown key {key[:16]!r} (keys are Envoy's, in its case)")
         if key in pairs and key not in _REPEATABLE:
             raise MalformedHeader(f"{key} twice in one element")
@@ -104,7 +104,7 @@ def forwarded_identity(values: Iterable[str], *, sanitized: bool = False) -> str
         raise MalformedHeader("an empty element")
     if sanitized and len(elements) > 1:
         raise MalformedHeader("elements before the sidecar's own, which sanitises the header")
-    parsed = [parse_element(e) for e in elements]
+    parsed = [_parse_element(e) for e in elements]
     own = parsed[-1]
     if not own.get("By", [""])[0] or not own.get("Hash", [""])[0]:
         raise MalformedHeader("the last element lacks the sidecar's By= and Hash=")
@@ -141,16 +141,11 @@ class SidecarPeers:
         address = peer_address(peer)
         return address is not None and any(address in n for n in self.networks)
 
-    def __str__(self) -> str:
-        return ", ".join(str(n) for n in self.networks) or "none"
-
 
 __all__ = [
     "XFCC_HEADER",
-    "XFCC_KEYS",
     "MalformedHeader",
     "SidecarPeers",
     "forwarded_identity",
-    "parse_element",
     "peer_address",
 ]

@@ -23,11 +23,13 @@ from typing import final
 
 from pydantic import TypeAdapter, ValidationError
 
-from ...config import Grant
+from ...config import AuthSettings, Grant
 
 log = logging.getLogger("mmgate.auth")
 
 _GRANTS = TypeAdapter(dict[str, Grant])
+# one source: the setting's own default
+_MISSING_GRACE: float = AuthSettings.model_fields["tokens_missing_grace_seconds"].default
 
 
 def token_digest(token: str) -> str:
@@ -49,7 +51,11 @@ def _checked(grants: Mapping[str, Grant], source: str) -> dict[str, Grant]:
 @final
 class TokenTable:
     def __init__(
-        self, file: Path | None, fixed: Mapping[str, Grant], *, missing_grace: float = 30.0
+        self,
+        file: Path | None,
+        fixed: Mapping[str, Grant],
+        *,
+        missing_grace: float = _MISSING_GRACE,
     ) -> None:
         self.file = file
         self.missing_grace = missing_grace
