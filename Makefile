@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(ENGINE)
 HOST ?= 127.0.0.1
 PORT ?= 50051
 
-.PHONY: all install test lint typecheck architecture unit proto manifests serve mesh bench bench-cache bench-growth bench-service bench-images bench-image-repeats bench-observability bench-plots soak reliability-report clean
+.PHONY: all install test lint typecheck architecture unit proto manifests settings-table serve mesh bench bench-cache bench-growth bench-service bench-images bench-image-repeats bench-observability bench-plots soak reliability-report clean
 
 all: test
 
@@ -45,6 +45,11 @@ proto: $(STAMP)
 # Regenerate deploy/k8s/base/prometheusrule.yaml from deploy/prometheus (tests fail when it is stale).
 manifests: $(STAMP)
 	$(BIN)/python deploy/k8s/generate.py
+
+# Rewrite the settings tables of docs/service.md from the settings' docstrings in services/config
+# (tests fail when they are stale).
+settings-table: $(STAMP)
+	$(BIN)/python -m services.cli.settings_table
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -2,9 +2,10 @@
 
     MMGATE_PORT=50052 MMGATE_ENGINE__MAX_MODEL_LEN=4096 mmgate serve --engine.dtype float16
 
-Each field's docstring is its help text in ``mmgate serve --help``.
+Each field's docstring is its help text in ``mmgate serve --help`` and its row in the settings
+tables of docs/service.md (``make settings-table``).
 
-    engine.py          EngineSettings, ThreadSettings, default_model_cache
+    engine.py          EngineSettings, ThreadSettings, default_model_cache, home_model_cache
     cache.py           CacheSettings (the actor's), MediaSettings, RedisSettings
     observability.py   TracingSettings, MetricsSettings, HealthSettings
     access.py          AuthSettings, Grant, TenantSettings, ConnectionSettings
@@ -22,11 +23,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from .access import AuthSettings, ConnectionSettings, Grant, TenantSettings
 from .cache import CacheSettings, MediaSettings, RedisSettings
 from .chaos import ChaosSettings, FaultPlan, Faults
-from .engine import EngineSettings, MiB, ThreadSettings, default_model_cache
+from .engine import EngineSettings, MiB, ThreadSettings, default_model_cache, home_model_cache
 from .observability import HealthSettings, MetricsSettings, TracingSettings
 
 
 class Settings(BaseSettings):
+    """The server: where it listens, what one request may ask, how long it may run, and its logs."""
+
     model_config = SettingsConfigDict(
         env_prefix="MMGATE_",
         env_nested_delimiter="__",
@@ -41,7 +44,9 @@ class Settings(BaseSettings):
     """Address to listen on."""
     port: int = Field(50051, ge=0, le=65535)
     """Port to listen on (0: any free port)."""
-    model_cache: Path = Field(default_factory=default_model_cache)
+    # MMGATE_MODEL_CACHE reaches this field as any variable does: the default is the code's alone,
+    # the same on every machine (the docs print it)
+    model_cache: Path = Field(default_factory=home_model_cache)
     """Where converted models live (MMGATE_MODEL_CACHE)."""
     engine: EngineSettings = Field(default_factory=EngineSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
@@ -96,4 +101,5 @@ __all__ = [
     "ThreadSettings",
     "TracingSettings",
     "default_model_cache",
+    "home_model_cache",
 ]

@@ -48,7 +48,7 @@ class AuthSettings(BaseModel):
     """How often the tokens file is checked for a change (a Kubernetes Secret update sends no
     signal)."""
     tls_cert_file: Path | None = None
-    """The server's certificate chain (PEM): serve TLS (required in mtls mode)."""
+    """The server's certificate chain (PEM): serve TLS (required in mtls mode); unset: plaintext."""
     tls_key_file: Path | None = None
     """The server's private key (PEM)."""
     client_ca_file: Path | None = None
@@ -105,7 +105,8 @@ class ConnectionSettings(BaseModel):
     keepalive_seconds: float = Field(60.0, gt=0)
     """mmgate pings a connection quiet for this long, to find peers that have gone."""
     keepalive_timeout_seconds: float = Field(20.0, gt=0)
-    """A ping unanswered for this long closes the connection."""
+    """A ping unanswered for this long closes the connection: a client that vanished without a
+    FIN frees its calls."""
     max_age_seconds: float | None = Field(None, gt=0)
     """Close connections older than this (GOAWAY; calls in flight go on for the grace period),
     so clients of a plain Kubernetes Service reconnect and reach new replicas; unset: never

@@ -33,15 +33,16 @@ class CacheSettings(BaseModel):
     max_bytes: int = Field(_ACTOR["max_bytes"], gt=0)
     """Byte budget of the in-memory cache."""
     max_bytes_per_tenant: int | None = Field(None, gt=0)
-    """One tenant's budget; unset: the whole budget."""
+    """One tenant's budget; unset: with more than one tenant configured, an equal share of
+    max_bytes, else all of it."""
     ttl_seconds: float | None = Field(_ACTOR["ttl_seconds"], gt=0)
     """Drop entries older than this (memory hygiene)."""
     mailbox_size: int = Field(_ACTOR["mailbox_size"], gt=0)
     """Queued lookups before the cache refuses with RESOURCE_EXHAUSTED."""
     compute_deadline: float = Field(_ACTOR["compute_deadline"], gt=0)
-    """A cache computation (tokenizing, decoding) is cancelled after this."""
+    """A cache computation (tokenizing, decoding) is cancelled after this many seconds."""
     stall_threshold: float = Field(_ACTOR["stall_threshold"], gt=0)
-    """A computation older than this is logged with its stack."""
+    """A computation older than this many seconds is logged with its stack."""
     max_entry_fraction: float = Field(_ACTOR["max_entry_fraction"], gt=0, le=1)
     """A value larger than this share of a tenant's budget is served but not stored (one request
     must not flush everyone's images): 25.6 MiB of the default 512 MiB."""

@@ -11,15 +11,18 @@ from pydantic import BaseModel, ConfigDict, Field
 MiB = 1024 * 1024
 
 
-def default_model_cache() -> Path:
-    """Where converted models live: ``$MMGATE_MODEL_CACHE``, else ``~/.cache/mmgate/models``.
+def home_model_cache() -> Path:
+    """``~/.cache/mmgate/models``: outside the repository, so that a fresh clone or ``make clean``
+    does not redo the conversion."""
+    return Path.home() / ".cache" / "mmgate" / "models"
 
-    Outside the repository, so that a fresh clone or ``make clean`` does not redo the conversion.
-    """
+
+def default_model_cache() -> Path:
+    """Where converted models live: ``$MMGATE_MODEL_CACHE``, else :func:`home_model_cache`."""
     configured = os.environ.get("MMGATE_MODEL_CACHE")
     if configured:
         return Path(configured).expanduser()
-    return Path.home() / ".cache" / "mmgate" / "models"
+    return home_model_cache()
 
 
 class EngineSettings(BaseModel):
@@ -50,7 +53,8 @@ class EngineSettings(BaseModel):
     tensor_parallel_size: int = Field(1, gt=0)
     """Devices one model is split over."""
     enforce_eager: bool = True
-    """No graph compilation: on CPU, starts in ~17 s instead of 67-121 s for 20% less throughput."""
+    """No graph compilation: on CPU, starts in ~17 s instead of 67-121 s for 20% less throughput
+    (docs/benchmarks.md)."""
     seed: int = 0
     """The engine's random seed."""
     stream_interval: int = Field(1, gt=0)
@@ -77,4 +81,4 @@ class ThreadSettings(BaseModel):
     """Rendering chat templates and tokenizing prompts."""
 
 
-__all__ = ["EngineSettings", "MiB", "ThreadSettings", "default_model_cache"]
+__all__ = ["EngineSettings", "MiB", "ThreadSettings", "default_model_cache", "home_model_cache"]

@@ -44,7 +44,7 @@ class MetricsSettings(BaseModel):
 
 
 class HealthSettings(BaseModel):
-    """What turns health NOT_SERVING, and how soon (see docs/service.md, "Health")."""
+    """What turns health NOT_SERVING, and how soon (see docs/service.md, "Health and shutdown")."""
 
     model_config = ConfigDict(use_attribute_docstrings=True)
 
