@@ -5,6 +5,7 @@ Every answer is about the caller's own tenant. An admin may name another tenant'
 (``tenant`` in the request) and ask for every tenant's figures; anyone else naming another tenant
 is told NOT_FOUND, the same whether that tenant holds the entry or not, and an admin-only call is
 PERMISSION_DENIED. Figures of all tenants together (actor, engine, media) are an admin's only.
+Prefetch does a request's work, so it passes admission as a Generate call does.
 """
 
 from __future__ import annotations
@@ -18,16 +19,19 @@ import grpc
 from cache_actor import CacheActor, EntryInfo, TenantStats
 
 from ..config import Settings
+from ..engine.worker import EngineWorker
 from ..errors import EntryNotFound, InvalidRequest, NotPermitted, Violation
 from ..keys import is_hex_key
-from ..pipeline.generation import Pipeline
+from ..pipeline.generation import PipelineRef
+from ..pipeline.tenancy import Isolation
 from ..proto.mmgate.v1 import cache_pb2 as pb
 from ..proto.mmgate.v1 import cache_pb2_grpc
 from ..proto.mmgate.v1 import inference_pb2 as inference_pb
-from ..types import EngineHealth, EngineStats
+from ..types import EngineHealth, MediaStats
 from ..wire import ADMIN_ONLY, is_digest
+from .admission import Admission
 from .auth import Caller, checked_label, current_caller
-from .quotas import TenantQuotas
+from .metadata import call_deadline
 from .status import abort, from_exception
 from .validation import image_input, image_violations
 
@@ -77,18 +81,18 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         self,
         settings: Settings,
         cache: CacheActor,
-        pipeline: Pipeline,
-        engine_stats: Callable[[], EngineStats],
+        pipeline: PipelineRef,
+        isolation: Isolation,
+        admission: Admission,
+        engine: EngineWorker,
         engine_health: Callable[[], EngineHealth],
-        quotas: TenantQuotas,
-        active_by_tenant: Callable[[], dict[str, int]],
     ) -> None:
         self.settings = settings
-        self.quotas = quotas
-        self.active_by_tenant = active_by_tenant
         self.cache = cache
         self.pipeline = pipeline
-        self.engine_stats = engine_stats
+        self.isolation = isolation
+        self.admission = admission
+        self.engine = engine
         self.engine_health = engine_health
 
     async def GetStats(
@@ -99,10 +103,12 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
             await abort(
                 context, from_exception(NotPermitted("all_tenants is an admin's", ADMIN_ONLY))
             )
-        media = self.pipeline.media
+        # before the engine has started: no media stage yet, nothing counted
+        pipeline = self.pipeline.current
+        media = pipeline.media.stats if pipeline is not None else MediaStats()
         response = pb.GetStatsResponse(
-            model=self.pipeline.engine.model_name,
-            media_mode=media.mode,
+            model=self.engine.model_name,
+            media_mode=pipeline.media.mode if pipeline is not None else "unknown",
             engine_health=pb.EngineHealth(**dataclasses.asdict(self.engine_health())),
             tenant=caller.tenant,
             tenants=[
@@ -118,13 +124,13 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
                     **{name: values[name] for name in _ACTOR_FIELDS}, hit_ratio=stats.hit_ratio
                 )
             )
-            e = self.engine_stats()
+            e = self.engine.stats()
             response.engine.CopyFrom(
                 pb.EngineCacheStats(
                     **dataclasses.asdict(e), prefix_cache_hit_ratio=e.prefix_cache_hit_ratio
                 )
             )
-            response.media.CopyFrom(pb.MediaStats(**dataclasses.asdict(media.stats)))
+            response.media.CopyFrom(pb.MediaStats(**dataclasses.asdict(media)))
         return response
 
     def _tenant_stats(self, stats: TenantStats) -> pb.TenantStats:
@@ -132,28 +138,31 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         return pb.TenantStats(
             **fields,
             hit_ratio=stats.hit_ratio,
-            active_requests=self.active_by_tenant().get(stats.tenant, 0),
-            max_concurrent_requests=self.quotas.concurrent_requests(),
+            active_requests=self.admission.active_of(stats.tenant),
+            max_concurrent_requests=self.admission.quotas.concurrent_requests(),
         )
 
     async def Prefetch(
         self, request: pb.PrefetchRequest, context: grpc.aio.ServicerContext
     ) -> pb.PrefetchResponse:
+        tenant = current_caller().tenant
         try:
-            self.pipeline.check_ready(with_images=True)
-            image = inference_pb.Image(data=request.data, mime_type=request.mime_type)
-            if violations := image_violations(image, self.settings):
-                raise InvalidRequest(violations)
-            remaining = context.time_remaining()
-            timeout = self.settings.default_deadline_seconds if remaining is None else remaining
-            tenant = self.pipeline.isolation.media_tenant(current_caller().tenant)
-            try:
-                report = await self.pipeline.media.prefetch(image_input(0, image), tenant, timeout)
-            except InvalidRequest as invalid:
-                # the stage names the image as in a GenerateRequest; here it is `data`
-                raise InvalidRequest(
-                    [Violation("data", v.description) for v in invalid.violations]
-                ) from None
+            with self.admission.enter(tenant):
+                deadline = call_deadline(context, self.settings.default_deadline_seconds)
+                pipeline = self.pipeline.get()
+                pipeline.check_ready(with_images=True)
+                image = inference_pb.Image(data=request.data, mime_type=request.mime_type)
+                if violations := image_violations(image, self.settings):
+                    raise InvalidRequest(violations)
+                source = image_input(0, image)
+                media_tenant = self.isolation.media_tenant(tenant)
+                try:
+                    report = await pipeline.media.prefetch(source, media_tenant, deadline)
+                except InvalidRequest as invalid:
+                    # the stage names the image as in a GenerateRequest; here it is `data`
+                    raise InvalidRequest(
+                        [Violation("data", v.description) for v in invalid.violations]
+                    ) from None
         except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
             await abort(context, from_exception(exc))
         return pb.PrefetchResponse(
@@ -166,7 +175,7 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         try:
             key, digest = _target(request.key, request.digest)
             tenant = _entries_of(current_caller(), request.tenant)
-            media_tenant = self.pipeline.isolation.media_tenant(tenant)
+            media_tenant = self.isolation.media_tenant(tenant)
             if key:
                 info = await self.cache.inspect(key, tenant=tenant)
                 if info.state == "absent" and media_tenant != tenant:
@@ -176,7 +185,7 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
                 pb.StageEntry(
                     stage=stage, **_entry_fields(await self.cache.inspect(k, tenant=media_tenant))
                 )
-                for stage, k in self.pipeline.media.stage_keys(digest).items()
+                for stage, k in self.pipeline.get().media.stage_keys(digest).items()
             ]
         except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
             await abort(context, from_exception(exc))
@@ -194,14 +203,14 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         try:
             key, digest = _target(request.key, request.digest)
             tenant = _entries_of(current_caller(), request.tenant)
-            media_tenant = self.pipeline.isolation.media_tenant(tenant)
+            media_tenant = self.isolation.media_tenant(tenant)
             # (tenant, stage, key): an image's keys by stage, in the images' namespace; a raw
             # key may be in any stage, in the tenant's namespace or (media shared) the shared one
             keys: list[tuple[str, str | None, str]]
             if key:
                 keys = [(t, None, key) for t in dict.fromkeys((tenant, media_tenant))]
             else:
-                stages = self.pipeline.media.stage_keys(digest).items()
+                stages = self.pipeline.get().media.stage_keys(digest).items()
                 keys = [(media_tenant, stage, k) for stage, k in stages]
             removed = [
                 await self.cache.invalidate(k, tenant=t, stage=stage) for t, stage, k in keys

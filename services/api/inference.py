@@ -1,10 +1,10 @@
 """The Inference service: proto in, the pipeline, proto out; and the call's lifecycle.
 
-    GenerateRequest ─▶ draining? over capacity (the server's, the tenant's share)?
-        ─▶ deadline (the call's, or the default)
-        ─▶ pipeline.check_ready ─▶ validate ─▶ Request(checked, tenant, deadline, trace headers)
-        ─▶ Pipeline.generate ─▶ EngineDelta ... Finished
-        ─▶ TokenDelta ... TokenDelta, GenerateFinal (usage, cache report)
+    GenerateRequest ─▶ admission.enter(tenant): draining? over the server's limit, the tenant's?
+        ─▶ deadline (the call's, or the default), taken once and handed down
+        ─▶ the pipeline (UNAVAILABLE until the engine has started) ─▶ check_ready ─▶ validate
+        ─▶ Request(checked, tenant, deadline, trace headers) ─▶ Pipeline.generate
+        ─▶ EngineDelta ... Finished ─▶ TokenDelta ... TokenDelta, GenerateFinal (usage, cache)
 
 Every wait inside a request is bounded by the call's deadline (``context.time_remaining()``, or
 ``default_deadline_seconds`` when the client set none). Leaving early, by cancellation or deadline,
@@ -15,23 +15,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncGenerator
 from typing import final
 
 import grpc
 
 from ..config import Settings
-from ..errors import TenantOverloaded
-from ..pipeline.generation import Pipeline
+from ..pipeline.generation import Pipeline, PipelineRef
 from ..pipeline.request import Request, loop_deadline
 from ..proto.mmgate.v1 import inference_pb2 as pb
 from ..proto.mmgate.v1 import inference_pb2_grpc
 from ..types import EngineDelta, Finished, ImageReport, LookupReport
+from .admission import Admission
 from .auth import current_caller
-from .metadata import trace_headers
-from .quotas import TenantQuotas
-from .status import ServiceError, abort, draining, from_exception, overloaded
+from .metadata import call_deadline, trace_headers
+from .status import ServiceError, abort, from_exception
 from .validation import validate
 
 _FINISH = {
@@ -43,15 +41,10 @@ _FINISH = {
 
 @final
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
-    def __init__(self, settings: Settings, pipeline: Pipeline, quotas: TenantQuotas) -> None:
+    def __init__(self, settings: Settings, pipeline: PipelineRef, admission: Admission) -> None:
         self.settings = settings
         self.pipeline = pipeline
-        self.quotas = quotas
-        self.active = 0
-        # requests in progress by tenant; a tenant leaves the map when its last one ends
-        self.active_by_tenant: dict[str, int] = {}
-        self.draining = False
-        self._idle = asyncio.Event()
+        self.admission = admission
 
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
@@ -78,71 +71,35 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         response.text = "".join(texts)
         return response
 
-    async def drain(self, grace: float) -> bool:
-        """Refuse new requests and wait up to ``grace`` seconds for those in progress.
-
-        Done here rather than by grpc's own grace period, which can end a stream early when
-        another call finishes during shutdown (grpc/grpc#37239).
-        """
-        self.draining = True
-        if self.active == 0:
-            return True
-        self._idle.clear()
-        try:
-            async with asyncio.timeout(grace):
-                await self._idle.wait()
-        except TimeoutError:
-            return False
-        return True
-
     # ── one call ────────────────────────────────────────────────────────────────────────────
 
     async def _serve(
         self, message: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncGenerator[pb.GenerateResponse, None]:
-        if self.draining:
-            await abort(context, draining())
-        if self.active >= self.settings.max_concurrent_requests:
-            await abort(context, overloaded(self.active))
         tenant = current_caller().tenant
-        held = self.active_by_tenant.get(tenant, 0)
-        if held >= self.quotas.concurrent_requests():
-            await abort(context, from_exception(TenantOverloaded(tenant, held)))
-        self.active += 1
-        self.active_by_tenant[tenant] = held + 1
-        remaining = context.time_remaining()
-        deadline = time.monotonic() + (
-            self.settings.default_deadline_seconds if remaining is None else remaining
-        )
         error: ServiceError | None = None
         try:
-            async with asyncio.timeout_at(loop_deadline(deadline)):
-                request = self._request(message, context, tenant, deadline)
-                async with contextlib.aclosing(self.pipeline.generate(request)) as events:
-                    async for event in events:
-                        yield _message(event)
+            with self.admission.enter(tenant):
+                deadline = call_deadline(context, self.settings.default_deadline_seconds)
+                pipeline = self.pipeline.get()
+                async with asyncio.timeout_at(loop_deadline(deadline)):
+                    request = self._request(pipeline, message, context, tenant, deadline)
+                    async with contextlib.aclosing(pipeline.generate(request)) as events:
+                        async for event in events:
+                            yield _message(event)
         except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
             error = from_exception(exc)
-        finally:
-            self.active -= 1
-            left = self.active_by_tenant[tenant] - 1
-            if left:
-                self.active_by_tenant[tenant] = left
-            else:
-                del self.active_by_tenant[tenant]
-            if self.active == 0:
-                self._idle.set()
         if error is not None:
             await abort(context, error)
 
     def _request(
         self,
+        pipeline: Pipeline,
         message: pb.GenerateRequest,
         context: grpc.aio.ServicerContext,
         tenant: str,
         deadline: float,
     ) -> Request:
-        pipeline = self.pipeline
         pipeline.check_ready(with_images=bool(message.images))  # before any image work
         checked = validate(
             message,

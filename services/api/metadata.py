@@ -1,7 +1,9 @@
-"""What a call's metadata says: a named value, and the trace context to hand on. (Who the caller
-is, and so its tenant, is the auth gate's to say: auth/gate.py.)"""
+"""What a call carries: a named metadata value, the trace context to hand on, its deadline. (Who
+the caller is, and so its tenant, is the auth gate's to say: auth/gate.py.)"""
 
 from __future__ import annotations
+
+import time
 
 import grpc
 
@@ -27,4 +29,11 @@ def trace_headers(context: grpc.aio.ServicerContext) -> dict[str, str]:
     return {name: value for name in TRACE_HEADERS if (value := metadata_value(context, name))}
 
 
-__all__ = ["metadata_value", "metadata_values", "trace_headers"]
+def call_deadline(context: grpc.aio.ServicerContext, default_seconds: float) -> float:
+    """The call's deadline on ``time.monotonic()``'s clock (``default_seconds`` from now when the
+    client set none): taken once, then handed down to every wait of the call."""
+    remaining = context.time_remaining()
+    return time.monotonic() + (default_seconds if remaining is None else remaining)
+
+
+__all__ = ["call_deadline", "metadata_value", "metadata_values", "trace_headers"]

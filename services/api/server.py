@@ -1,12 +1,13 @@
 """The grpc.aio server, and the composition root: it builds every part and wires them.
 
     MmgateServer: Settings ─▶ Tracing, Metrics, CacheActor (with their lookup hooks),
-                  EngineWorker, Pipeline, the servicers, the interceptors, health; metrics get
+                  EngineWorker, Admission, the servicers, the interceptors, health; metrics get
                   a snapshot function (nothing reaches through the server from outside)
 
     start:    cache actor ─▶ gRPC port open (health NOT_SERVING, liveness SERVING)
-              ─▶ model prepared (in a thread) ─▶ vision encoder loaded (embeddings mode)
-              ─▶ engine started (in a thread) ─▶ the media stage chosen ─▶ health SERVING
+              ─▶ model prepared (in a thread) ─▶ media plan (pipeline/media/plan.py: the encoder
+              loaded in embeddings mode) ─▶ Redis tier opened in its namespace (storage/)
+              ─▶ engine started (in a thread) ─▶ the Pipeline built, whole ─▶ health SERVING
     running:  the health monitor (health.py) pings the actor, watches the engine's progress and
               hears the loop's heartbeat; health follows
     SIGTERM:  health NOT_SERVING ─▶ new calls refused (UNAVAILABLE) ─▶ in-flight calls get the
@@ -24,7 +25,6 @@ import asyncio
 import dataclasses
 import logging
 import signal
-from pathlib import Path
 from typing import final
 
 import grpc
@@ -34,23 +34,25 @@ from grpc_reflection.v1alpha import reflection
 
 from cache_actor import CacheActor
 
-from ..config import AuthSettings, RedisSettings, Settings
+from ..config import AuthSettings, Settings
 from ..engine.dtypes import VERDICTS_FILE, Verdicts
-from ..engine.encoder import VisionEncoder
-from ..engine.shrink import ProcessorShrink
-from ..engine.values import VERSION as VALUE_FORMAT
 from ..engine.worker import EngineWorker
-from ..keys import cache_key
-from ..models import image_tokens, model_config, model_fingerprint, prepare_default_model
+from ..models import prepare_default_model
 from ..observability.lookups import Observers
 from ..observability.metric_families import Snapshot
 from ..observability.metrics import Metrics
 from ..observability.tracing import Tracing
-from ..pipeline.generation import Pipeline
-from ..pipeline.media import media_stage
+from ..pipeline.chaos import injector
+from ..pipeline.generation import Pipeline, PipelineRef
+from ..pipeline.media import plan_media
+from ..pipeline.tenancy import Isolation
+from ..pipeline.threads import StageThreads
 from ..pipeline.tier_values import codecs
 from ..proto.mmgate.v1 import cache_pb2, cache_pb2_grpc, inference_pb2, inference_pb2_grpc
-from ..storage.redis_tier import RedisTier, redis_address, redis_client
+from ..storage.namespace import tier_namespace
+from ..storage.redis_tier import redis_tier
+from ..types import MediaStats
+from .admission import Admission
 from .auth import AuthGate, CertificateFiles, announce_trust, authenticator
 from .cache_service import CacheServicer
 from .connections import connection_options
@@ -87,43 +89,11 @@ def certificate_files(settings: AuthSettings) -> CertificateFiles | None:
     return CertificateFiles(settings.tls_cert_file, settings.tls_key_file, ca)
 
 
-def redis_tier(settings: RedisSettings) -> RedisTier | None:
-    """The Redis tier the settings name, or None (no second tier: every replica on its own)."""
-    if settings.url is None:
-        return None
-    secret = None
-    if settings.value_secret_file is not None:
-        secret = settings.value_secret_file.read_bytes().strip()
-        if not secret:
-            raise ValueError(f"the Redis value secret file {settings.value_secret_file} is empty")
-    return RedisTier(
-        redis_client(settings),
-        codecs=codecs(secret),
-        ttl_seconds={
-            "embedding": settings.embedding_ttl_seconds,
-            "response": settings.response_ttl_seconds,
-        },
-        max_value_bytes=settings.max_value_bytes,
-        address=redis_address(settings.url),
-        timeout_seconds=settings.timeout_seconds,
-    )
-
-
 def resolve_model(settings: Settings) -> str:
     """The model to serve: the configured one, or the embedded default, prepared once."""
     if settings.engine.model:
         return settings.engine.model
     return str(prepare_default_model(settings.model_cache))
-
-
-@final
-@dataclasses.dataclass(frozen=True, slots=True)
-class MediaPlan:
-    """What the media stage is built from, read from the model's files before the engine starts."""
-
-    encoder: VisionEncoder | None  # the vision encoder mmgate runs (embeddings mode)
-    placeholder_tokens: int  # the tokens one image placeholder takes in the engine
-    shrink: ProcessorShrink | None  # decoded images at the processor's size, where exact
 
 
 @final
@@ -141,7 +111,7 @@ class MmgateServer:
         self.metrics = Metrics(settings)
         hooks = [h for h in (self.tracing.lookup_hook, self.metrics.lookup_hook) if h is not None]
         # the second tier shared by replicas; its namespace is set once the model is known
-        self.tier = redis_tier(settings.redis)
+        self.tier = redis_tier(settings.redis, codecs)
         self.cache = CacheActor(
             settings.cache.actor_config(
                 settings.redis if self.tier is not None else None,
@@ -158,16 +128,22 @@ class MmgateServer:
         self.monitor = HealthMonitor(
             settings.health, self.health, self.cache, self.engine, (INFERENCE, CACHE)
         )
-        self.pipeline = Pipeline(settings, self.engine, self.cache)
-        self.inference = InferenceServicer(settings, self.pipeline, self.quotas)
+        # the parts the pipeline shares with the media stage and the metrics; the pipeline
+        # itself is built once the engine has started (until then calls get UNAVAILABLE)
+        self.threads = StageThreads(settings.threads)
+        self.chaos = injector(settings.chaos)
+        self.isolation = Isolation(settings.tenants)
+        self.pipelines = PipelineRef()
+        self.admission = Admission(settings.max_concurrent_requests, self.quotas)
+        self.inference = InferenceServicer(settings, self.pipelines, self.admission)
         self.cache_service = CacheServicer(
             settings,
             self.cache,
-            self.pipeline,
-            engine_stats=self.engine.stats,
-            engine_health=self.monitor.engine_health,
-            quotas=self.quotas,
-            active_by_tenant=lambda: self.inference.active_by_tenant,
+            self.pipelines,
+            self.isolation,
+            self.admission,
+            self.engine,
+            self.monitor.engine_health,
         )
         self.server = grpc.aio.server(
             # tracing outermost: its server span covers the metrics interceptor's work too;
@@ -227,42 +203,46 @@ class MmgateServer:
             self.settings.auth.mode,
         )
         announce_trust(self.settings.auth, self.settings.host)
-        if not self.engine.model_path:
+        engine, media = self.engine, self.settings.media
+        if not engine.model_path:
             # the first start converts the embedded default model (~20 s): off the loop
-            self.engine.use_model(await asyncio.to_thread(resolve_model, self.settings))
-        plan = await asyncio.to_thread(self._plan_media)
+            engine.use_model(await asyncio.to_thread(resolve_model, self.settings))
+        plan = await asyncio.to_thread(plan_media, media, engine.model_path, engine.dtype)
+        plan.configure(engine)
         if self.tier is not None:
-            namespace = await asyncio.to_thread(self._tier_namespace, plan)
-            self.tier.use_namespace(namespace)
-            self.tier.listen(self._forget)
-            log.info("second tier: redis, namespace %s", namespace[:16])
-            problem = await self.tier.check()
-            if problem is not None:
-                log.warning(
-                    "second tier: %s; serving without it until it answers (every lookup is a miss)",
-                    problem,
-                )
-        await self.engine.start()
-        media = media_stage(
-            self.settings.media,
+            namespace = await asyncio.to_thread(
+                tier_namespace,
+                engine.model_path,
+                dtype=engine.dtype,
+                encoder_dtype=plan.encoder_dtype,
+                media=media,
+            )
+            await self.tier.open(namespace, self._forget)
+        await engine.start()
+        stage = plan.stage(self.cache, engine, threads=self.threads, chaos=self.chaos)
+        self.pipelines.current = Pipeline(
+            self.settings,
+            engine,
             self.cache,
-            self.engine.model_name,
-            takes_images=self.engine.takes_images,
-            encoder=plan.encoder,
-            placeholder_tokens=plan.placeholder_tokens,
-            threads=self.pipeline.threads,
-            shrink=plan.shrink,
-            chaos=self.pipeline.chaos,
+            stage,
+            threads=self.threads,
+            chaos=self.chaos,
+            isolation=self.isolation,
         )
-        self.pipeline.use_media(media)
-        log.info("media mode: %s (%s)", media.mode, media.description)
+        log.info("media mode: %s (%s)", stage.mode, stage.description)
         await self.monitor.update()
         self.monitor.start()
         log.info("serving %s on %s:%d", self.engine.model_name, self.settings.host, self.port)
 
+    @property
+    def pipeline(self) -> Pipeline:
+        """The started server's pipeline."""
+        return self.pipelines.get()
+
     def snapshot(self) -> Snapshot:
         """What metrics export, read from each part at once (on the event loop)."""
-        media = self.pipeline.media
+        pipeline = self.pipelines.current
+        media = pipeline.media.stats if pipeline is not None else MediaStats()
         return Snapshot(
             cache=self.cache.stats(),
             mailbox_capacity=self.cache.config.mailbox_size,
@@ -271,69 +251,22 @@ class MmgateServer:
             tokens=self.engine.token_stats(),
             engine_ready=self.engine.ready,
             engine_health=self.monitor.engine_health(),
-            threads=self.pipeline.threads.stats(),
+            threads=self.threads.stats(),
             model=self.engine.model_name,
-            media=dataclasses.replace(media.stats),
-            media_mode=media.mode,
-            active_requests=self.inference.active,
+            media=dataclasses.replace(media),
+            media_mode=pipeline.media.mode if pipeline is not None else "unknown",
+            active_requests=self.admission.active,
             max_concurrent_requests=self.settings.max_concurrent_requests,
             loop_tasks=len(asyncio.all_tasks()),
             tier_refused=0 if self.tier is None else sum(self.tier.bad_values.values()),
-            chaos_enabled=self.pipeline.chaos.enabled,
-            chaos_injected=dict(self.pipeline.chaos.injected),
+            chaos_enabled=self.chaos.enabled,
+            chaos_injected=dict(self.chaos.injected),
             auth_refused=dict(self.auth.refused),
         )
-
-    def _tier_namespace(self, plan: MediaPlan) -> str:
-        """What changes a value, by content: the model's files, the dtypes, the processor and
-        the value format. Two deployments share a Redis only where their values are the same."""
-        media = self.settings.media
-        identity = {
-            "model": model_fingerprint(self.engine.model_path),
-            "dtype": self.engine.dtype,
-            "encoder_dtype": None if plan.encoder is None else str(plan.encoder.dtype),
-            "shrink_images": media.shrink_images,
-            "max_image_pixels": media.max_image_pixels,
-            "format": VALUE_FORMAT,
-        }
-        return cache_key("mmgate", "tier-namespace", identity)[:32]
 
     async def _forget(self, tenant: str, key: str) -> None:
         """Another replica invalidated a key: drop this replica's memory copy."""
         await self.cache.invalidate(key, tenant=tenant, local=True)
-
-    def _plan_media(self) -> MediaPlan:
-        """Before the engine starts (in a thread: it reads the model's files)."""
-        settings = self.settings.media
-        config = model_config(self.engine.model_path)
-        if "vision_config" not in config:
-            return MediaPlan(encoder=None, placeholder_tokens=1, shrink=None)
-        encoder = None
-        if settings.mode != "pixels":
-            try:
-                encoder = VisionEncoder.load(
-                    Path(self.engine.model_path),
-                    dtype=settings.encoder_dtype or self.engine.dtype,
-                )
-            except (ValueError, OSError) as exc:
-                if settings.mode == "embeddings":
-                    raise
-                # auto: a LLaVA variant this encoder does not reproduce; vLLM encodes it
-                log.warning("not running the vision encoder in mmgate: %s", exc)
-            if encoder is None and settings.mode == "embeddings":
-                raise RuntimeError(
-                    f"media mode 'embeddings': mmgate cannot run the vision encoder of "
-                    f"{self.engine.model_path} (LLaVA-family models only); use 'auto' or 'pixels'"
-                )
-        self.engine.accept_images(
-            per_prompt=settings.max_images_per_request, embeddings=encoder is not None
-        )
-        model_dir = Path(self.engine.model_path)
-        return MediaPlan(
-            encoder=encoder,
-            placeholder_tokens=image_tokens(config),
-            shrink=ProcessorShrink.load(model_dir) if settings.shrink_images else None,
-        )
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain and close everything; safe to call more than once."""
@@ -345,15 +278,16 @@ class MmgateServer:
         log.info("shutting down: %g s for calls in flight", grace)
         await self.monitor.stop()
         await self.auth.stop()
-        drained = await self.inference.drain(grace)
+        drained = await self.admission.drain(grace)
         if not drained:
-            log.warning("grace period over with %d requests in flight", self.inference.active)
+            log.warning("grace period over with %d requests in flight", self.admission.active)
         # whatever is left (a stream past the grace period, a health Watch) is cancelled now;
         # after a drain, a moment first: a stream whose handler has just returned may not have
-        # flushed its last messages and status, which a close at once cuts off (the client saw
-        # "Stream removed" for a stream mmgate had finished)
+        # flushed its last messages and status, which a close at once would cut off (the client
+        # would see "Stream removed" for a stream mmgate had finished)
         await self.server.stop(FLUSH_SECONDS if drained else 0)
-        await self.pipeline.close()
+        if self.pipelines.current is not None:
+            await self.pipelines.current.close()
         await self.engine.close()
         await self.cache.aclose()
         if self.tier is not None:

@@ -11,8 +11,8 @@ wide: greedy decoding gives varied tokens, and a tie between two tokens is too r
 bits of float32 rounding (pixels in vLLM vs embeddings from mmgate's encoder) to flip a choice.
 
 float32, not bf16: vLLM's vision tower and mmgate's (transformers') are different kernels. In bf16
-their rounding differs enough to flip a greedy token now and then (measured: 1 of 20 images, at
-token 21 of 24); in float32 all 20 gave the same answer from embeddings as from pixels.
+their rounding differs enough to flip a greedy token now and then; in float32 the answer from
+embeddings is the answer from pixels (tests/services/engine/test_encoder.py holds it).
 
 vLLM's LLaVA loader wants the tower's weights in the layout of the original checkpoints,
 ``vision_tower.vision_model.embeddings...``; transformers 5 saves ``vision_tower.embeddings...``,

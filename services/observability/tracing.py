@@ -275,7 +275,7 @@ def _record_lookup(token: _OpenLookup, event: LookupEvent, ended_ns: int) -> Non
         attributes["mmgate.cache.bytes"] = event.nbytes
     if event.flight_id is not None:
         attributes["mmgate.cache.flight"] = event.flight_id
-    # one call: the SDK takes the span's lock once per call (measured: 34 µs a span, not 56)
+    # one call: the SDK takes the span's lock once per call, not once per attribute
     span.set_attributes(attributes)
     leader = event.leader_token
     if event.outcome is Outcome.COALESCED and isinstance(leader, _OpenLookup):

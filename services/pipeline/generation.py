@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import uuid
 from collections.abc import AsyncGenerator, Mapping
 from typing import final
 
@@ -30,14 +29,13 @@ from ..errors import EngineUnavailable
 from ..types import (
     EngineDelta,
     EngineImages,
-    EngineRequest,
     Finished,
     GenerationRequest,
     ImageReport,
 )
 from .budget import fit
-from .chaos import injector
-from .media import MediaStage, NotReady
+from .chaos import NoChaos, injector
+from .media import MediaStage
 from .prompts import PromptStage
 from .request import Request
 from .responses import SharedResponses
@@ -45,28 +43,36 @@ from .tenancy import Isolation
 from .threads import StageThreads
 
 
-def engine_request_id() -> str:
-    """An engine request id of mmgate's own: no caller can name (or abort) another's."""
-    return f"mmgate-{uuid.uuid4().hex}"
-
-
 @final
 class Pipeline:
-    """The request path below the API: what the servicers call."""
+    """The request path below the API, for a started engine: what the servicers call.
 
-    def __init__(self, settings: Settings, engine: Engine, cache: CacheActor) -> None:
+    ``threads``, ``chaos`` and ``isolation`` are shared with the media stage and the server (its
+    metrics read them before the engine has started); left out, each is made from ``settings``.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine: Engine,
+        cache: CacheActor,
+        media: MediaStage,
+        *,
+        threads: StageThreads | None = None,
+        chaos: NoChaos | None = None,
+        isolation: Isolation | None = None,
+    ) -> None:
         self.settings = settings
         self.engine = engine
         self.cache = cache
-        # replaced once the engine has started and the server knows what the model takes
-        self.media: MediaStage = NotReady()
-        # the CPU-bound stages' threads; the media stage gets them from the server
-        self.threads = StageThreads(settings.threads)
-        # faults on purpose (reliability runs only); the media stage gets it from the server too
-        self.chaos = injector(settings.chaos)
+        self.media = media
+        # the CPU-bound stages' threads
+        self.threads = threads if threads is not None else StageThreads(settings.threads)
+        # faults on purpose (reliability runs only)
+        self.chaos = chaos if chaos is not None else injector(settings.chaos)
         self.prompts = PromptStage(cache, self.threads, engine.tokenizer_copy)
         # where each tenant's entries live, at every cache level (the engine's included)
-        self.isolation = Isolation(settings.tenants)
+        self.isolation = isolation if isolation is not None else Isolation(settings.tenants)
         self.responses = SharedResponses(
             engine, cache, settings.default_deadline_seconds, self.chaos
         )
@@ -87,9 +93,6 @@ class Pipeline:
             cache_salt=self.isolation.cache_salt(tenant),
         )
 
-    def use_media(self, media: MediaStage) -> None:
-        self.media = media
-
     def check_ready(self, *, with_images: bool) -> None:
         """Refuse at once what cannot be served now, before any validation or cache work."""
         if not self.engine.ready:
@@ -109,7 +112,7 @@ class Pipeline:
         if checked.images:
             isolation = self.isolation
             prepared = await media.prepare(
-                checked.images, isolation.media_tenant(request.tenant), request.left()
+                checked.images, isolation.media_tenant(request.tenant), request.deadline
             )
             images, image_reports = prepared.engine, prepared.reports
             if images is not None:
@@ -121,15 +124,7 @@ class Pipeline:
         if checked.cache_policy == "response" and sampling.deterministic:
             stream, from_cache = await self.responses.share(request, prompt, sampling, images)
         else:
-            run = EngineRequest(
-                request_id=engine_request_id(),
-                label=checked.request_id,
-                prompt_token_ids=prompt.token_ids,
-                sampling=sampling,
-                images=images,
-                trace_headers=request.trace_headers or None,
-                cache_salt=request.cache_salt,
-            )
+            run = request.engine_request(prompt.token_ids, sampling, images)
             stream = self.chaos.engine(engine.generate(run), request.tenant)
 
         completion_tokens = 0
@@ -160,4 +155,18 @@ class Pipeline:
         await self.responses.close()
 
 
-__all__ = ["Pipeline"]
+@final
+class PipelineRef:
+    """The pipeline, once the engine has started. The servicers exist, and the port is open,
+    before it does: until then each call that needs it is told UNAVAILABLE."""
+
+    def __init__(self) -> None:
+        self.current: Pipeline | None = None
+
+    def get(self) -> Pipeline:
+        if self.current is None:
+            raise EngineUnavailable("the engine is not ready")
+        return self.current
+
+
+__all__ = ["Pipeline", "PipelineRef"]

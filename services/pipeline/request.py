@@ -2,6 +2,7 @@
 
 api: validate ─▶ Pipeline.request: Request(checked, tenant, deadline, trace headers, cache salt)
      ─▶ prompt stage, media stage, shared responses: each appends its LookupReport
+     ─▶ request.engine_request(prompt, sampling, images): the one way an engine run is made
      ─▶ Finished (the reports with it)
 """
 
@@ -9,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, final
 
 from cache_actor import Lookup, TierUse
 
-from ..types import GenerationRequest, LookupReport
+from ..types import EngineImages, EngineRequest, GenerationRequest, LookupReport, Sampling
 
 # How each stage uses the second tier (what Redis holds, and why: tier_values.py). Prompts and
 # decoded images stay in memory; a shared response is read from the tier and written to it by
@@ -51,6 +53,22 @@ class Request:
 
     def left(self) -> float:
         return seconds_left(self.deadline)
+
+    def engine_request(
+        self, prompt_token_ids: tuple[int, ...], sampling: Sampling, images: EngineImages | None
+    ) -> EngineRequest:
+        """A run of the engine for this request (or, shared, for everyone who joins it), under an
+        id of mmgate's own: no caller can name, or abort, another's engine request. The caller's
+        id is its label, for spans and logs."""
+        return EngineRequest(
+            request_id=f"mmgate-{uuid.uuid4().hex}",
+            label=self.checked.request_id,
+            prompt_token_ids=prompt_token_ids,
+            sampling=sampling,
+            images=images,
+            trace_headers=self.trace_headers or None,
+            cache_salt=self.cache_salt,
+        )
 
     def report(
         self,

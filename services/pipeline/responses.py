@@ -8,8 +8,8 @@ streams it live, and one that comes later replays it whole. The producer belongs
 request (it outlives the one that started it, under its own deadline), but it runs only while
 someone listens: it starts the engine when its first listener arrives, and when the last one
 leaves before the end, the run is aborted and the leaver waits for that. Every engine run then
-has a caller counted in the concurrency limit (without this, 1,200 cancelled requests left 627
-runs in the engine while mmgate counted none). A failed or abandoned run is dropped from the
+has a caller counted in the concurrency limit: no run goes on in the engine for callers who have
+all left, unseen by the limit. A failed or abandoned run is dropped from the
 cache so the next request generates afresh.
 """
 
@@ -20,7 +20,6 @@ import contextlib
 import dataclasses
 import logging
 import time
-import uuid
 from collections.abc import AsyncGenerator
 from typing import final
 
@@ -144,14 +143,7 @@ class SharedResponses:
             "images": list(images.uuids) if images is not None else [],
         }
         key = cache_key(self.engine.model_name, "response", payload)
-        run = EngineRequest(
-            request_id=f"mmgate-shared-{uuid.uuid4().hex}",
-            prompt_token_ids=prompt.token_ids,
-            sampling=sampling,
-            images=images,
-            trace_headers=request.trace_headers or None,
-            cache_salt=request.cache_salt,
-        )
+        run = request.engine_request(prompt.token_ids, sampling, images)
         tenant = request.tenant
 
         async def start_recording() -> ResponseRecording:

@@ -172,6 +172,19 @@ class RedisTier:
 
     # ── invalidations from the other replicas ───────────────────────────────────────────────
 
+    async def open(self, namespace: str, on_invalidate: OnInvalidate) -> None:
+        """Once the model is known: its namespace, the other replicas' invalidations, and the
+        start check, whose failure is logged (mmgate serves without the tier meanwhile)."""
+        self.use_namespace(namespace)
+        self.listen(on_invalidate)
+        log.info("second tier: redis, namespace %s", namespace[:16])
+        problem = await self.check()
+        if problem is not None:
+            log.warning(
+                "second tier: %s; serving without it until it answers (every lookup is a miss)",
+                problem,
+            )
+
     def listen(self, on_invalidate: OnInvalidate) -> None:
         """Subscribe to the other replicas' invalidations (until ``close``)."""
         self._listener = asyncio.create_task(
@@ -254,4 +267,36 @@ def redis_client(settings: RedisSettings) -> Any:
     return Redis.from_url(settings.url, **options)
 
 
-__all__ = ["OnInvalidate", "RedisTier", "StageCodec", "redis_address", "redis_client"]
+def redis_tier(
+    settings: RedisSettings, codecs: Callable[[bytes | None], dict[str, StageCodec]]
+) -> RedisTier | None:
+    """The tier the settings name, or None (no second tier: every replica on its own).
+    ``codecs`` makes the stages' codecs from the deployment's value secret, if one is set."""
+    if settings.url is None:
+        return None
+    secret = None
+    if settings.value_secret_file is not None:
+        secret = settings.value_secret_file.read_bytes().strip()
+        if not secret:
+            raise ValueError(f"the Redis value secret file {settings.value_secret_file} is empty")
+    return RedisTier(
+        redis_client(settings),
+        codecs=codecs(secret),
+        ttl_seconds={
+            "embedding": settings.embedding_ttl_seconds,
+            "response": settings.response_ttl_seconds,
+        },
+        max_value_bytes=settings.max_value_bytes,
+        address=redis_address(settings.url),
+        timeout_seconds=settings.timeout_seconds,
+    )
+
+
+__all__ = [
+    "OnInvalidate",
+    "RedisTier",
+    "StageCodec",
+    "redis_address",
+    "redis_client",
+    "redis_tier",
+]

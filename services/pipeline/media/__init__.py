@@ -1,12 +1,13 @@
-"""Images: the codec (bytes to pixels) and one stage class per media mode (stages.py)."""
+"""Images: the codec (bytes to pixels), one stage class per media mode (stages.py), and the plan
+they are built from, read from the model before the engine starts (plan.py)."""
 
 from .codec import FORMATS, DecodedImage, decode, sniff
+from .plan import MediaPlan, plan_media
 from .stages import (
     Embedding,
     EmbeddingsStage,
     MediaStage,
     NoImages,
-    NotReady,
     PixelsStage,
     PreparedImages,
     media_stage,
@@ -17,12 +18,13 @@ __all__ = [
     "DecodedImage",
     "Embedding",
     "EmbeddingsStage",
+    "MediaPlan",
     "MediaStage",
     "NoImages",
-    "NotReady",
     "PixelsStage",
     "PreparedImages",
     "decode",
     "media_stage",
+    "plan_media",
     "sniff",
 ]

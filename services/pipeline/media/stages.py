@@ -10,9 +10,9 @@
                                                                    ▼
     EngineImages(form, items, uuids = digests) ──▶ engine: multi_modal_data + multi_modal_uuids
 
-One variant per media mode, chosen once when the engine has started (:func:`media_stage`):
+One variant per media mode, chosen once when the engine has started (:func:`media_stage`, from
+the plan in plan.py):
 
-    NotReady          the engine has not started: every request is refused as UNAVAILABLE
     NoImages          a text model: images are refused (FAILED_PRECONDITION)
     PixelsStage       decoded images cached; the engine encodes them
     EmbeddingsStage   encoder outputs cached too; the engine takes them as they are
@@ -40,7 +40,6 @@ from cache_actor import CacheActor, Lookup
 from ...config import MediaSettings
 from ...engine.tensors import tensor_nbytes
 from ...errors import (
-    EngineUnavailable,
     ImageNotHeld,
     ImageRejected,
     InvalidRequest,
@@ -109,13 +108,14 @@ class MediaStage:
         """Raise why images cannot be served here; nothing when they can."""
 
     async def prepare(
-        self, images: Sequence[ImageInput], tenant: str, timeout: float
+        self, images: Sequence[ImageInput], tenant: str, deadline: float
     ) -> PreparedImages:
-        """All of a request's images, concurrently; the first failure (by index) is raised."""
+        """All of a request's images, concurrently, by ``deadline`` (``time.monotonic()``); the
+        first failure (by index) is raised."""
         self.refuse()
         raise NotImplementedError
 
-    async def prefetch(self, image: ImageInput, tenant: str, timeout: float) -> ImageReport:
+    async def prefetch(self, image: ImageInput, tenant: str, deadline: float) -> ImageReport:
         """One image through its stages, for requests that will refer to it by digest."""
         self.refuse()
         raise NotImplementedError
@@ -124,15 +124,6 @@ class MediaStage:
         """Every cache key an image may be held under, by stage."""
         self.refuse()
         return {}
-
-
-@final
-class NotReady(MediaStage):
-    mode = "unknown"
-    description = "the engine has not started"
-
-    def refuse(self) -> None:
-        raise EngineUnavailable("the engine is not ready")
 
 
 @final
@@ -191,9 +182,9 @@ class PixelsStage(MediaStage):
         return {"image": _image_key(self.model_name, digest)}
 
     async def prepare(
-        self, images: Sequence[ImageInput], tenant: str, timeout: float
+        self, images: Sequence[ImageInput], tenant: str, deadline: float
     ) -> PreparedImages:
-        tasks = [asyncio.ensure_future(self._image(image, tenant, timeout)) for image in images]
+        tasks = [asyncio.ensure_future(self._image(image, tenant, deadline)) for image in images]
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         finally:
@@ -215,15 +206,14 @@ class PixelsStage(MediaStage):
             reports=tuple(report for _, report in results),
         )
 
-    async def prefetch(self, image: ImageInput, tenant: str, timeout: float) -> ImageReport:
-        _, report = await self._image(image, tenant, timeout)
+    async def prefetch(self, image: ImageInput, tenant: str, deadline: float) -> ImageReport:
+        _, report = await self._image(image, tenant, deadline)
         return report
 
     async def _image(
-        self, image: ImageInput, tenant: str, timeout: float
+        self, image: ImageInput, tenant: str, deadline: float
     ) -> tuple[Any, ImageReport]:
         """One image through its stages: (what the engine takes, where it came from)."""
-        deadline = time.monotonic() + timeout
         data = image.data
         if data is None:
             source = image
@@ -410,7 +400,6 @@ __all__ = [
     "EmbeddingsStage",
     "MediaStage",
     "NoImages",
-    "NotReady",
     "PixelsStage",
     "PreparedImages",
     "media_stage",

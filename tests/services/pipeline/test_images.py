@@ -200,23 +200,22 @@ async def test_a_miss_path_that_looks_the_image_up_again_fails_fast_as_internal(
     server: MmgateServer, client: MmgateClient
 ) -> None:
     """The failure mmgate exists for: the miss path re-enters the cache for the same image."""
-    media = server.pipeline.media
+    pipeline = server.pipeline
+    media = pipeline.media
     assert isinstance(media, PixelsStage)
     data = png(401)
-    server.pipeline.use_media(
-        ReEntering(
-            media.settings,
-            server.cache,
-            media.model_name,
-            placeholder_tokens=16,
-            threads=server.pipeline.threads,
-        )
+    pipeline.media = ReEntering(
+        media.settings,
+        server.cache,
+        media.model_name,
+        placeholder_tokens=16,
+        threads=pipeline.threads,
     )
     try:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await client.complete_request(ask(data), timeout=20.0)
     finally:
-        server.pipeline.use_media(media)
+        pipeline.media = media
     assert caught.value.code() == grpc.StatusCode.INTERNAL
     assert "wait on itself" in (caught.value.details() or "")
     answer = await client.complete_request(ask(data))

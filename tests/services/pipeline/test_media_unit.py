@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from typing import Any
 
 import pytest
@@ -28,7 +29,11 @@ from ..reentering import ReEntering
 SETTINGS = Settings()
 THREADS = StageThreads(SETTINGS.threads)
 LIMITS = {"max_pixels": SETTINGS.media.max_image_pixels, "min_side": 8}
-TIMEOUT = 30.0
+
+
+def deadline() -> float:
+    """Thirty seconds from now, on time.monotonic()'s clock (the media stage takes deadlines)."""
+    return time.monotonic() + 30.0
 
 
 # ── decoding ───────────────────────────────────────────────────────────────────────────────
@@ -192,15 +197,15 @@ async def pipeline() -> Any:
 async def test_concurrent_requests_decode_once_then_hit(pipeline: PixelsStage) -> None:
     image = data(png(11))
     first, second = await asyncio.gather(
-        pipeline.prepare([image], "default", TIMEOUT),
-        pipeline.prepare([image], "default", TIMEOUT),
+        pipeline.prepare([image], "default", deadline()),
+        pipeline.prepare([image], "default", deadline()),
     )
     assert pipeline.stats.decodes == 1
     assert sorted(r.outcome for r in (*first.reports, *second.reports)) == ["coalesced", "miss"]
     assert first.engine.items[0] is second.engine.items[0]
     assert first.engine.uuids == (digest_of(png(11)),)
     assert first.engine.form == "pixels"
-    third = await pipeline.prepare([ref(digest_of(png(11)))], "default", TIMEOUT)
+    third = await pipeline.prepare([ref(digest_of(png(11)))], "default", deadline())
     assert third.reports[0].outcome == "hit"
     assert third.reports[0].tier == "memory"
     assert pipeline.stats.decodes == 1
@@ -208,13 +213,13 @@ async def test_concurrent_requests_decode_once_then_hit(pipeline: PixelsStage) -
 
 async def test_a_reference_is_per_tenant_and_not_found_elsewhere(pipeline: PixelsStage) -> None:
     bytes_ = png(12)
-    await pipeline.prepare([data(bytes_)], "a", TIMEOUT)
+    await pipeline.prepare([data(bytes_)], "a", deadline())
     with pytest.raises(ImageNotHeld) as caught:
-        await pipeline.prepare([data(png(1)), ref(digest_of(bytes_), 1)], "b", TIMEOUT)
+        await pipeline.prepare([data(png(1)), ref(digest_of(bytes_), 1)], "b", deadline())
     assert caught.value.index == 1
     assert pipeline.stats.not_held == 1
     # nothing was stored for the failed reference: the bytes still work for tenant b
-    again = await pipeline.prepare([data(bytes_)], "b", TIMEOUT)
+    again = await pipeline.prepare([data(bytes_)], "b", deadline())
     assert again.reports[0].outcome == "miss"
 
 
@@ -222,8 +227,8 @@ async def test_bytes_that_joined_a_failing_reference_try_again(pipeline: PixelsS
     bytes_ = png(13)
     digest = digest_of(bytes_)
     reference, with_bytes = await asyncio.gather(
-        pipeline.prepare([ref(digest)], "default", TIMEOUT),
-        pipeline.prepare([data(bytes_)], "default", TIMEOUT),
+        pipeline.prepare([ref(digest)], "default", deadline()),
+        pipeline.prepare([data(bytes_)], "default", deadline()),
         return_exceptions=True,
     )
     assert isinstance(reference, ImageNotHeld)
@@ -233,7 +238,7 @@ async def test_bytes_that_joined_a_failing_reference_try_again(pipeline: PixelsS
 
 async def test_a_corrupt_image_is_invalid_and_not_cached(pipeline: PixelsStage) -> None:
     with pytest.raises(InvalidRequest) as caught:
-        await pipeline.prepare([data(png(1)), data(corrupt_png(2), 1)], "default", TIMEOUT)
+        await pipeline.prepare([data(png(1)), data(corrupt_png(2), 1)], "default", deadline())
     assert [v.field for v in caught.value.violations] == ["images[1]"]
     assert pipeline.stats.rejected == 1
     # the failure is not stored (the good image's decode, if it was still queued for a thread
@@ -248,7 +253,7 @@ async def test_a_corrupt_image_is_invalid_and_not_cached(pipeline: PixelsStage) 
     assert pipeline.cache.stats().entries <= 1
     # and the corrupt image is refused again, not served from anywhere
     with pytest.raises(InvalidRequest):
-        await pipeline.prepare([data(corrupt_png(2))], "default", TIMEOUT)
+        await pipeline.prepare([data(corrupt_png(2))], "default", deadline())
 
 
 async def test_a_miss_path_that_looks_the_image_up_again_fails_fast() -> None:
@@ -257,9 +262,9 @@ async def test_a_miss_path_that_looks_the_image_up_again_fails_fast() -> None:
         stage_ = ReEntering(SETTINGS.media, cache, "tiny", placeholder_tokens=16, threads=THREADS)
         bytes_ = png(14)
         with pytest.raises(CacheRecursionError):
-            await asyncio.wait_for(stage_.prepare([data(bytes_)], "default", TIMEOUT), 10)
+            await asyncio.wait_for(stage_.prepare([data(bytes_)], "default", deadline()), 10)
         ok = await PixelsStage(
             SETTINGS.media, cache, "tiny", placeholder_tokens=16, threads=THREADS
-        ).prepare([data(bytes_)], "default", TIMEOUT)
+        ).prepare([data(bytes_)], "default", deadline())
         assert ok.reports[0].outcome == "miss"  # nothing poisoned the key
         assert cache.stats().recursion_rejections == 1

@@ -12,6 +12,7 @@ import pytest
 from cache_actor import CacheActor, InMemoryTier
 from services.config import Settings
 from services.pipeline.generation import Pipeline
+from services.pipeline.media import NoImages
 from services.pipeline.request import Request
 from services.pipeline.responses import ResponseRecording
 from services.pipeline.tier_values import ResponseCodec
@@ -63,7 +64,7 @@ async def test_a_request_streamed_in_other_groups_runs_on_its_own() -> None:
     # groups of 4 (or the other way round)
     engine = PacedEngine()
     async with CacheActor() as cache:
-        pipeline = Pipeline(Settings(), engine, cache)
+        pipeline = Pipeline(Settings(), engine, cache, NoImages(engine.model_name))
         first = pipeline.generate(shared_request())
         assert isinstance(await anext(first), EngineDelta)
         grouped = pipeline.generate(shared_request(stream_interval=4))
@@ -77,7 +78,7 @@ async def test_a_request_streamed_in_other_groups_runs_on_its_own() -> None:
 async def test_a_request_joins_a_run_in_the_middle() -> None:
     engine = PacedEngine()
     async with CacheActor() as cache:
-        pipeline = Pipeline(Settings(), engine, cache)
+        pipeline = Pipeline(Settings(), engine, cache, NoImages(engine.model_name))
 
         first = pipeline.generate(shared_request())
         assert isinstance(delta := await anext(first), EngineDelta)
@@ -130,7 +131,7 @@ async def test_only_a_run_that_finished_normally_reaches_the_second_tier() -> No
     tier = InMemoryTier("redis")
     engine = PacedEngine()
     async with CacheActor(tier=tier) as cache:
-        pipeline = Pipeline(Settings(), engine, cache)
+        pipeline = Pipeline(Settings(), engine, cache, NoImages(engine.model_name))
         run = pipeline.generate(shared_request())
         await anext(run)  # the run is in its middle: its recording is in memory, not the tier
         await cache.ping()
@@ -151,7 +152,7 @@ async def test_only_a_run_that_finished_normally_reaches_the_second_tier() -> No
     tier = InMemoryTier("redis")
     failing = FailingEngine()
     async with CacheActor(tier=tier) as cache:
-        pipeline = Pipeline(Settings(), failing, cache)
+        pipeline = Pipeline(Settings(), failing, cache, NoImages(failing.model_name))
         run = pipeline.generate(shared_request())
         await anext(run)
         failing.go_on.set()

@@ -1,0 +1,82 @@
+"""Admission: whether a call may start work now, and what is in progress.
+
+    admission.enter(tenant) ─▶ draining? ─▶ UNAVAILABLE (DRAINING)
+                            ─▶ the server's limit reached? ─▶ RESOURCE_EXHAUSTED (OVERLOADED)
+                            ─▶ the tenant's share reached? ─▶ RESOURCE_EXHAUSTED (TENANT_OVERLOADED)
+                            ─▶ counted until the block ends, however it ends
+
+One object for every call that does a request's work (Inference.Generate and Complete,
+Cache.Prefetch): the counts it keeps are what GetStats, the metrics and the drain at shutdown read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from typing import final
+
+from ..errors import TenantOverloaded
+from .quotas import TenantQuotas
+from .status import draining, overloaded
+
+
+@final
+class Admission:
+    """The drain flag, the server's limit and each tenant's share, and the calls in progress."""
+
+    def __init__(self, limit: int, quotas: TenantQuotas) -> None:
+        self.limit = limit
+        self.quotas = quotas
+        self.active = 0
+        # calls in progress by tenant; a tenant leaves the map when its last one ends
+        self.by_tenant: dict[str, int] = {}
+        self.draining = False
+        self._idle = asyncio.Event()
+
+    @contextlib.contextmanager
+    def enter(self, tenant: str) -> Iterator[None]:
+        """Count the block as one call of ``tenant``'s, or raise why it may not start now."""
+        if self.draining:
+            raise draining()
+        if self.active >= self.limit:
+            raise overloaded(self.active)
+        held = self.by_tenant.get(tenant, 0)
+        if held >= self.quotas.concurrent_requests():
+            raise TenantOverloaded(tenant, held)
+        self.active += 1
+        self.by_tenant[tenant] = held + 1
+        try:
+            yield
+        finally:
+            self.active -= 1
+            left = self.by_tenant[tenant] - 1
+            if left:
+                self.by_tenant[tenant] = left
+            else:
+                del self.by_tenant[tenant]
+            if self.active == 0:
+                self._idle.set()
+
+    def active_of(self, tenant: str) -> int:
+        return self.by_tenant.get(tenant, 0)
+
+    async def drain(self, grace: float) -> bool:
+        """Refuse new calls and wait up to ``grace`` seconds for those in progress.
+
+        Done here rather than by grpc's own grace period, which can end a stream early when
+        another call finishes during shutdown (grpc/grpc#37239).
+        """
+        self.draining = True
+        if self.active == 0:
+            return True
+        self._idle.clear()
+        try:
+            async with asyncio.timeout(grace):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
+
+__all__ = ["Admission"]
