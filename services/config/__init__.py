@@ -71,7 +71,7 @@ class Settings(BaseSettings):
     default_max_tokens: int = Field(256, gt=0)
     """max_tokens of a request that sets none (less where the context window ends first)."""
     max_concurrent_requests: int = Field(256, gt=0)
-    """Requests in progress beyond this get RESOURCE_EXHAUSTED at once."""
+    """Calls in progress (Generate, Complete, Prefetch) beyond this: RESOURCE_EXHAUSTED at once."""
     default_deadline_seconds: float = Field(300.0, gt=0)
     """Deadline of a call whose client set none: no request waits unbounded."""
     shutdown_grace_seconds: float = Field(10.0, ge=0)

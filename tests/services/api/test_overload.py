@@ -38,6 +38,11 @@ async def test_overload_is_refused_and_the_server_recovers(client: MmgateClient)
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     reasons = [getattr(d, "reason", None) for d in error_details(caught.value)]
     assert "OVERLOADED" in reasons
+    # a prefetch does a request's work (decode, encode): it is admitted as a request is
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await client.prefetch(b"\x89PNG\r\n\x1a\n")
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, caught.value.details()
+    assert "OVERLOADED" in [getattr(d, "reason", None) for d in error_details(caught.value)]
 
     for stream in streams:
         await stream.aclose()  # cancels the call
