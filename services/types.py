@@ -261,10 +261,10 @@ class MediaStats:
 
 @final
 @dataclass(frozen=True, slots=True)
-class StageThreadStats:
-    """One CPU-bound stage's worker threads (services/pipeline/threads.py)."""
+class ThreadPoolStats:
+    """One kind of CPU-bound work's thread pool (services/pipeline/threads.py)."""
 
-    stage: str
+    pool: str
     threads: int  # its capacity
     busy: int  # computations running now
     waiting: int  # computations queued for a thread
@@ -291,5 +291,5 @@ __all__ = [
     "MediaStats",
     "RenderedPrompt",
     "Sampling",
-    "StageThreadStats",
+    "ThreadPoolStats",
 ]

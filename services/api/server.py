@@ -46,7 +46,7 @@ from ..pipeline.chaos import injector
 from ..pipeline.generation import Pipeline, PipelineRef
 from ..pipeline.media import plan_media
 from ..pipeline.tenancy import Isolation
-from ..pipeline.threads import StageThreads
+from ..pipeline.threads import ThreadPools
 from ..pipeline.tier_values import codecs
 from ..proto.mmgate.v1 import cache_pb2, cache_pb2_grpc, inference_pb2, inference_pb2_grpc
 from ..storage.namespace import tier_namespace
@@ -130,7 +130,7 @@ class MmgateServer:
         )
         # the parts the pipeline shares with the media stage and the metrics; the pipeline
         # itself is built once the engine has started (until then calls get UNAVAILABLE)
-        self.threads = StageThreads(settings.threads)
+        self.threads = ThreadPools(settings.threads)
         self.chaos = injector(settings.chaos)
         self.isolation = Isolation(settings.tenants)
         self.pipelines = PipelineRef()

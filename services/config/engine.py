@@ -67,7 +67,7 @@ class EngineSettings(BaseModel):
 
 
 class ThreadSettings(BaseModel):
-    """Worker threads of each CPU-bound stage: a burst in one queues there, not in the others."""
+    """Thread pools of CPU-bound work, one per kind: a burst in one queues there, not in others."""
 
     model_config = ConfigDict(use_attribute_docstrings=True)
 

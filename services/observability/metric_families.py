@@ -30,7 +30,7 @@ from ..types import (
     EngineStats,
     EngineTokenStats,
     MediaStats,
-    StageThreadStats,
+    ThreadPoolStats,
 )
 
 # the cache stages that hold images: the media level
@@ -50,7 +50,7 @@ class Snapshot:
     tokens: EngineTokenStats
     engine_ready: bool
     engine_health: EngineHealth
-    threads: tuple[StageThreadStats, ...]
+    threads: tuple[ThreadPoolStats, ...]
     model: str
     media: MediaStats
     media_mode: str
@@ -372,17 +372,18 @@ def _engine(s: Snapshot) -> Iterator[Metric]:
 
 def _threads(s: Snapshot) -> Iterator[Metric]:
     for name, documentation, value in (
-        ("mmgate_stage_threads", "Worker threads of each CPU-bound stage.", "threads"),
-        ("mmgate_stage_threads_busy", "Computations running in a stage's threads.", "busy"),
+        ("mmgate_stage_threads", "Threads of each pool of CPU-bound work.", "threads"),
+        ("mmgate_stage_threads_busy", "Computations running in a pool's threads.", "busy"),
         (
             "mmgate_stage_threads_waiting",
-            "Computations queued for a stage's threads.",
+            "Computations queued for a pool's threads.",
             "waiting",
         ),
     ):
+        # published names: the label `stage` holds the pool (docs/architecture.md, "Words")
         family = GaugeMetricFamily(name, documentation, labels=["stage"])
         for stats in s.threads:
-            family.add_metric([stats.stage], getattr(stats, value))
+            family.add_metric([stats.pool], getattr(stats, value))
         yield family
 
 

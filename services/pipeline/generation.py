@@ -40,7 +40,7 @@ from .prompts import PromptStage
 from .request import Request
 from .responses import SharedResponses
 from .tenancy import Isolation
-from .threads import StageThreads
+from .threads import ThreadPools
 
 
 @final
@@ -58,7 +58,7 @@ class Pipeline:
         cache: CacheActor,
         media: MediaStage,
         *,
-        threads: StageThreads | None = None,
+        threads: ThreadPools | None = None,
         chaos: NoChaos | None = None,
         isolation: Isolation | None = None,
     ) -> None:
@@ -66,8 +66,8 @@ class Pipeline:
         self.engine = engine
         self.cache = cache
         self.media = media
-        # the CPU-bound stages' threads
-        self.threads = threads if threads is not None else StageThreads(settings.threads)
+        # the thread pools of CPU-bound work
+        self.threads = threads if threads is not None else ThreadPools(settings.threads)
         # faults on purpose (reliability runs only)
         self.chaos = chaos if chaos is not None else injector(settings.chaos)
         self.prompts = PromptStage(cache, self.threads, engine.tokenizer_copy)

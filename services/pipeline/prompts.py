@@ -23,7 +23,7 @@ from ..observability.spans import span
 from ..types import GenerationRequest, RenderedPrompt
 from ..wire import IMAGE_PLACEHOLDER
 from .request import MEMORY_ONLY, Request
-from .threads import StageThreads
+from .threads import ThreadPools
 
 
 def prompt_payload(request: GenerationRequest) -> Any:
@@ -105,9 +105,9 @@ def _render_with(tokenizer: Any, request: GenerationRequest) -> RenderedPrompt:
 
 
 async def render(
-    tokenizers: RenderTokenizers, request: GenerationRequest, threads: StageThreads
+    tokenizers: RenderTokenizers, request: GenerationRequest, threads: ThreadPools
 ) -> RenderedPrompt:
-    """Render and tokenize off the event loop, in the render stage's threads."""
+    """Render and tokenize off the event loop, in the render pool's threads."""
     with span("prompt.render") as current:
         rendered = await threads.run("render", _render, tokenizers, request)
         if current is not None:
@@ -118,7 +118,7 @@ async def render(
 @final
 class PromptStage:
     def __init__(
-        self, cache: CacheActor, threads: StageThreads, tokenizer_copy: Callable[[], Any]
+        self, cache: CacheActor, threads: ThreadPools, tokenizer_copy: Callable[[], Any]
     ) -> None:
         self.cache = cache
         self.threads = threads

@@ -1,12 +1,12 @@
-"""Worker threads for the CPU-bound stages, each with a capacity of its own.
+"""Thread pools for CPU-bound work, each kind with a capacity of its own.
 
-    hash ─┐  (image digests)       each stage: CapacityLimiter(its setting) ─ queued callers wait
+    hash ─┐  (image digests)       each pool: CapacityLimiter(its setting) ─ queued callers wait
     decode ┤ (image bytes → RGB)     here, on the event loop, cancellable (waiting_to_start:
     encode ┤ (vision encoder)        a cache flight whose waiters all leave is cancelled before
     render ┘ (chat template)         it starts) ─▶ anyio.to_thread.run_sync ─▶ the thread pool
 
 With one shared executor (``asyncio.to_thread``) a burst of huge images queued every request's
-prompt rendering behind it; here a stage can fill only its own capacity. A computation that has
+prompt rendering behind it; here a kind of work can fill only its own pool. A computation that has
 started runs to its end (DESIGN: the flight does not belong to the caller who left).
 """
 
@@ -21,38 +21,40 @@ from anyio import CapacityLimiter
 from cache_actor import waiting_to_start
 
 from ..config import ThreadSettings
-from ..types import StageThreadStats
+from ..types import ThreadPoolStats
 
 T = TypeVar("T")
-Stage = Literal["hash", "decode", "encode", "render"]
+Pool = Literal["hash", "decode", "encode", "render"]
 
 
 @final
-class StageThreads:
+class ThreadPools:
     def __init__(self, settings: ThreadSettings) -> None:
-        self.limiters: dict[Stage, CapacityLimiter] = {
-            stage: CapacityLimiter(getattr(settings, stage)) for stage in get_args(Stage)
+        self.limiters: dict[Pool, CapacityLimiter] = {
+            pool: CapacityLimiter(getattr(settings, pool)) for pool in get_args(Pool)
         }
-        # sizes anyio's pool to the sum of the stages: the stages' own limiters are the bound
-        self._pool = CapacityLimiter(sum(int(lim.total_tokens) for lim in self.limiters.values()))
+        # sizes anyio's thread pool to the sum of the pools: their own limiters are the bound
+        self._threads = CapacityLimiter(
+            sum(int(lim.total_tokens) for lim in self.limiters.values())
+        )
 
-    async def run(self, stage: Stage, work: Callable[..., T], *args: object) -> T:
-        """``work(*args)`` in a thread once ``stage`` has capacity for it."""
-        limiter = self.limiters[stage]
+    async def run(self, pool: Pool, work: Callable[..., T], *args: object) -> T:
+        """``work(*args)`` in a thread once ``pool`` has capacity for it."""
+        limiter = self.limiters[pool]
         with waiting_to_start():
             await limiter.acquire()
         try:
-            return await anyio.to_thread.run_sync(work, *args, limiter=self._pool)
+            return await anyio.to_thread.run_sync(work, *args, limiter=self._threads)
         finally:
             limiter.release()
 
-    def stats(self) -> tuple[StageThreadStats, ...]:
+    def stats(self) -> tuple[ThreadPoolStats, ...]:
         out = []
-        for stage, limiter in self.limiters.items():
+        for pool, limiter in self.limiters.items():
             numbers = limiter.statistics()
             out.append(
-                StageThreadStats(
-                    stage=stage,
+                ThreadPoolStats(
+                    pool=pool,
                     threads=int(numbers.total_tokens),
                     busy=int(numbers.borrowed_tokens),
                     waiting=numbers.tasks_waiting,
@@ -61,4 +63,4 @@ class StageThreads:
         return tuple(out)
 
 
-__all__ = ["Stage", "StageThreads"]
+__all__ = ["Pool", "ThreadPools"]

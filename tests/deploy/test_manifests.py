@@ -37,7 +37,7 @@ from services.config import AuthSettings, Grant, Settings
 from services.engine.worker import EngineWorker
 from services.observability.metric_families import Snapshot, families
 from services.observability.metrics import Metrics
-from services.pipeline.threads import StageThreads
+from services.pipeline.threads import ThreadPools
 from services.types import EngineHealth, MediaStats
 from services.wire import AFFINITY_HEADER
 from tests.services.prom import DASHBOARD_NAMES
@@ -216,7 +216,7 @@ def exported_metrics() -> dict[str, str]:
         tokens=engine.token_stats(),
         engine_ready=False,
         engine_health=EngineHealth("starting", in_flight=0, seconds_since_step=0.0, stalls=0),
-        threads=StageThreads(base.threads).stats(),
+        threads=ThreadPools(base.threads).stats(),
         model="m",
         media=MediaStats(),
         media_mode="pixels",

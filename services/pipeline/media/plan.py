@@ -21,7 +21,7 @@ from cache_actor import CacheActor
 from ...config import MediaSettings
 from ...models import image_tokens, model_config
 from ..chaos import NoChaos
-from ..threads import StageThreads
+from ..threads import ThreadPools
 from .stages import MediaStage, media_stage
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ class MediaPlan:
             )
 
     def stage(
-        self, cache: CacheActor, engine: EngineWorker, *, threads: StageThreads, chaos: NoChaos
+        self, cache: CacheActor, engine: EngineWorker, *, threads: ThreadPools, chaos: NoChaos
     ) -> MediaStage:
         """The media stage for the started engine: chosen once, never tested for again."""
         return media_stage(

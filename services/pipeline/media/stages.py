@@ -53,7 +53,7 @@ from ...types import EngineImages, ImageInput, ImageReport, MediaForm, MediaStat
 from ...wire import digest_of
 from ..chaos import NoChaos
 from ..request import EMBEDDING_TIER, MEMORY_ONLY, seconds_left
-from ..threads import StageThreads
+from ..threads import ThreadPools
 from .codec import DecodedImage, decode
 
 if TYPE_CHECKING:
@@ -158,7 +158,7 @@ class PixelsStage(MediaStage):
         model_name: str,
         *,
         placeholder_tokens: int,
-        threads: StageThreads,
+        threads: ThreadPools,
         shrink: Shrink | None = None,
         chaos: NoChaos | None = None,
     ) -> None:
@@ -303,7 +303,7 @@ class EmbeddingsStage(PixelsStage):
         model_name: str,
         encoder: VisionEncoder,
         *,
-        threads: StageThreads,
+        threads: ThreadPools,
         shrink: Shrink | None = None,
         chaos: NoChaos | None = None,
     ) -> None:
@@ -361,7 +361,7 @@ def media_stage(
     takes_images: bool,
     encoder: VisionEncoder | None,
     placeholder_tokens: int,
-    threads: StageThreads,
+    threads: ThreadPools,
     shrink: Shrink | None = None,
     chaos: NoChaos | None = None,
 ) -> MediaStage:

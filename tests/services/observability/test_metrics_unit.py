@@ -22,7 +22,7 @@ from services.engine.worker import EngineWorker
 from services.observability.lookups import stage
 from services.observability.metric_families import Snapshot, families, media_outcome
 from services.observability.metrics import LookupMetrics, Metrics
-from services.pipeline.threads import StageThreads
+from services.pipeline.threads import ThreadPools
 from services.types import TIME_TO_FIRST_TOKEN_BUCKETS, EngineHealth, MediaStats
 from tests.support import until
 
@@ -143,7 +143,7 @@ async def snapshot_of(cache: CacheActor, lookups: dict[tuple[str, str, str], int
         tokens=engine.token_stats(),
         engine_ready=False,
         engine_health=EngineHealth("stalled", in_flight=2, seconds_since_step=3.5, stalls=1),
-        threads=StageThreads(SETTINGS.threads).stats(),
+        threads=ThreadPools(SETTINGS.threads).stats(),
         model=engine.model_name,
         media=MediaStats(decodes=2),
         media_mode="embeddings",

@@ -339,7 +339,7 @@ async def test_a_burst_of_large_images_does_not_hold_up_prompts(
     try:
 
         def decode_waiting() -> int:
-            stats = {s.stage: s for s in server.pipeline.threads.stats()}
+            stats = {s.pool: s for s in server.pipeline.threads.stats()}
             return stats["decode"].waiting
 
         async def queued() -> bool:

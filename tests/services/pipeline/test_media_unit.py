@@ -18,7 +18,7 @@ from services.config import Settings
 from services.errors import ImageNotHeld, ImageRejected, InvalidRequest
 from services.pipeline.media import PixelsStage, decode, sniff
 from services.pipeline.prompts import content_parts
-from services.pipeline.threads import StageThreads
+from services.pipeline.threads import ThreadPools
 from services.proto.mmgate.v1 import inference_pb2 as pb
 from services.types import ImageInput
 from tests.support import eventually
@@ -27,7 +27,7 @@ from ..imagegen import corrupt_png, encoded, picture, png, png_bomb
 from ..reentering import ReEntering
 
 SETTINGS = Settings()
-THREADS = StageThreads(SETTINGS.threads)
+THREADS = ThreadPools(SETTINGS.threads)
 LIMITS = {"max_pixels": SETTINGS.media.max_image_pixels, "min_side": 8}
 
 
