@@ -2,8 +2,9 @@
 Debian's nginx hashing on x-mmgate-affinity (deploy/proxy/nginx.conf), real `mmgate serve`
 replicas on the tiny LLaVA (embeddings mode), one real redis-server shared by them.
 
-`make test` runs the smoke form: two replicas, affinity, and one fail-over (a replica SIGKILLed in
-the middle of a load). `make mesh` (MMGATE_MESH=1) runs the full suite: three replicas, the
+`make test` runs the smoke form on the session's two replicas (tests/replicas.py; the storage tests
+share them): affinity, and one fail-over (a replica SIGKILLed in the middle of a load), last of
+the whole run. `make mesh` (MMGATE_MESH=1) runs the full suite: three replicas, the
 fail-over, a rolling restart under load, and a trace through the proxy. Each test writes its
 figures to build/mesh/<test>.json; docs/deploy.md quotes them.
 """
@@ -18,8 +19,6 @@ import signal
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -34,9 +33,10 @@ from services.proto.mmgate.v1 import inference_pb2
 from tests import support
 from tests.deploy.proxy import Nginx, wait_reloaded
 from tests.redis_support import RedisProcess, redis_server
+from tests.replicas import Replicas
 from tests.services.imagegen import png
 from tests.services.otlp_receiver import OtlpReceiver
-from tests.support import ROOT, RunningServer, start_server, wait_serving
+from tests.support import ROOT, RunningServer, eventually, wait_serving
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -68,51 +68,29 @@ async def otlp() -> AsyncIterator[OtlpReceiver]:
     await receiver.stop()
 
 
-class Replicas:
-    """The replicas, started (and restarted) with the same settings."""
-
-    def __init__(self, directory: Path, model: Path, redis_url: str, tracing: str | None) -> None:
-        self.directory, self.model = directory, model
-        self.settings = {
-            "MMGATE_MEDIA__MODE": "embeddings",
-            "MMGATE_ENGINE__DTYPE": "float32",
-            "MMGATE_ENGINE__KV_CACHE_MEMORY_BYTES": str(64 << 20),
-            "MMGATE_REDIS__URL": redis_url,
-            "MMGATE_SHUTDOWN_GRACE_SECONDS": "30",
-        }
-        if tracing is not None:
-            self.settings["MMGATE_TRACING__ENDPOINT"] = tracing
-        self.servers: list[RunningServer] = []
-
-    def start(self, index: int) -> RunningServer:
-        logs = self.directory / f"replica-{index}-{secrets.token_hex(3)}"
-        logs.mkdir()
-        return start_server(
-            logs,
-            str(self.model),
-            VLLM_CPU_OMP_THREADS_BIND=str(index % 2),
-            **self.settings,
-        )
-
-
 @pytest.fixture(scope="module")
 def replicas(
-    tmp_path_factory: pytest.TempPathFactory, redis: RedisProcess, otlp: OtlpReceiver
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Replicas]:
+    """The smoke form: the session's two replicas (the storage tests share them); make mesh:
+    three of its own, exporting traces, which the rolling restart starts again."""
+    if not FULL:
+        yield request.getfixturevalue("shared_replicas")
+        return
+    redis: RedisProcess = request.getfixturevalue("redis")
+    otlp: OtlpReceiver = request.getfixturevalue("otlp")
     model = build_tiny_llava(tmp_path_factory.mktemp("models") / "tiny-llava")
-    directory = tmp_path_factory.mktemp("replicas")
-    # traces only in the full suite, whose tracing test reads them
-    tracing = f"127.0.0.1:{otlp.port}" if FULL else None
-    group = Replicas(directory, model, redis.url, tracing)
+    group = Replicas(
+        tmp_path_factory.mktemp("replicas"),
+        model,
+        redis.url,
+        MMGATE_TRACING__ENDPOINT=f"127.0.0.1:{otlp.port}",
+    )
+    group.start_all(REPLICAS)
     try:
-        # engines start at once: the proxy test waits for the slowest, not for the sum
-        with ThreadPoolExecutor(REPLICAS) as pool:
-            group.servers = list(pool.map(group.start, range(REPLICAS)))
         yield group
     finally:
-        for server in group.servers:
-            if server.process.poll() is None:
-                server.stop()
+        group.stop()
 
 
 @pytest.fixture(scope="module")
@@ -245,22 +223,43 @@ async def test_a_rolling_restart_under_load_fails_no_call(
     assert set(codes) == {"OK"}, codes
 
 
+@pytest.fixture(scope="module")
+def replicas_store(request: pytest.FixtureRequest) -> RedisProcess:
+    """The replicas' Redis: the session's (whose Redis the storage tests kill and start again,
+    empty), or make mesh's own."""
+    store: RedisProcess = request.getfixturevalue("redis" if FULL else "replicas_redis")
+    return store
+
+
+# the fail-over's images, placed by that test itself: whatever Redis lost before, these are in it
+FAILOVER_IMAGES = [png(7300 + i) for i in range(12)]
+
+
+@pytest.mark.ends_server
 async def test_a_killed_replica_fails_only_its_calls_in_flight(
-    replicas: Replicas, proxy: Nginx
+    replicas: Replicas, proxy: Nginx, replicas_store: RedisProcess
 ) -> None:
     """SIGKILL one replica a third of the way into a load. Its images go to the others, which
     serve them from Redis without running the encoder; streams it was answering fail
     UNAVAILABLE; unary calls and streams that had not begun are retried by the client."""
-    placement = {i: (await holders(replicas, data)) for i, data in enumerate(IMAGES)}
-    if not all(placement.values()):  # run alone: place the images first
-        async with MmgateClient(proxy.target, timeout=120.0) as client:
-            for data in IMAGES:
-                await ask(client, data)
-        placement = {i: (await holders(replicas, data)) for i, data in enumerate(IMAGES)}
+
+    def embeddings_stored() -> int:
+        return len(replicas_store.cli("--scan", "--pattern", "mmgate:*:embedding:*").split())
+
+    held = embeddings_stored()
+    async with MmgateClient(proxy.target, timeout=120.0) as client:
+        for data in FAILOVER_IMAGES:
+            await ask(client, data)
+
+    async def written_back() -> bool:  # each replica's write-backs are queued, not waited for
+        return embeddings_stored() - held >= len(FAILOVER_IMAGES)
+
+    await eventually(written_back, timeout=30)
+    placement = {i: (await holders(replicas, data)) for i, data in enumerate(FAILOVER_IMAGES)}
     load = Counter(h[0] for h in placement.values())
     victim_index = load.most_common(1)[0][0]
     victim = replicas.servers[victim_index]
-    orphans = [IMAGES[i] for i, h in placement.items() if h == [victim_index]]
+    orphans = [FAILOVER_IMAGES[i] for i, h in placement.items() if h == [victim_index]]
     survivors = [s for s in replicas.servers if s is not victim]
     tier_hits_before = [await tier_hits(s) for s in survivors]
     encodes_before = [await encodes(s) for s in survivors]
@@ -285,7 +284,7 @@ async def test_a_killed_replica_fails_only_its_calls_in_flight(
     async def unary_loop(client: MmgateClient) -> None:
         turn = 0
         while not stop.is_set():
-            data = IMAGES[turn % len(IMAGES)]
+            data = FAILOVER_IMAGES[turn % len(FAILOVER_IMAGES)]
             turn += 1
             try:
                 response = await ask(client, data)

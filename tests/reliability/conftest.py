@@ -140,9 +140,4 @@ def chaos_server(
     running.stop()  # after the engine's death the exit code is not the point here
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked ``ends_server`` run after every other test of the session."""
-    items.sort(key=lambda item: item.get_closest_marker("ends_server") is not None)
-
-
 __all__ = ["GRACE_SECONDS", "RESULTS", "SOAK", "Path", "record", "scaled"]

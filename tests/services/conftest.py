@@ -1,7 +1,8 @@
 """Real servers for the service tests: `mmgate serve` in a child process, real vLLM, loopback gRPC.
 
-One server on the tiny test model serves the whole session (engine start takes seconds); tests
-that stop a server or need the real default model start their own.
+One server on the tiny test model serves the whole session (engine start takes seconds), and the
+shutdown test, last, stops it; tests that need other settings or the real default model start
+their own.
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ def server(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         MMGATE_MAX_CONCURRENT_REQUESTS="16",
         # the idle-connection test waits for it
         MMGATE_METRICS__READ_TIMEOUT_SECONDS="2",
+        # the shutdown test, last, drains a long stream on it
+        MMGATE_SHUTDOWN_GRACE_SECONDS="60",
     )
     yield running
+    # the shutdown test has stopped it (exit code 0) unless it did not run
     assert running.stop() == 0, running.log()
 
 

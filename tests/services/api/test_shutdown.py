@@ -1,5 +1,8 @@
 """SIGTERM: health turns NOT_SERVING, new calls are refused, in-flight streams finish within the
-grace period, then everything closes and the process exits cleanly."""
+grace period, then everything closes and the process exits cleanly.
+
+It stops the session's server (tests/services/conftest.py), after every other test has used it.
+"""
 
 import asyncio
 import os
@@ -10,7 +13,7 @@ import grpc
 import pytest
 
 from services.client import MmgateClient, build_request
-from tests.support import RunningServer, start_server
+from tests.support import RunningServer
 
 
 def children_of(pid: int) -> set[int]:
@@ -33,8 +36,8 @@ def children_of(pid: int) -> set[int]:
 DRAIN_TOKENS = 1000
 
 
-async def test_sigterm_drains_and_exits(tiny_model: str, tmp_path: Path) -> None:
-    server = start_server(tmp_path, tiny_model, MMGATE_SHUTDOWN_GRACE_SECONDS="60")
+@pytest.mark.ends_server
+async def test_sigterm_drains_and_exits(server: RunningServer) -> None:
     try:
         await _drain(server)
     finally:
@@ -55,6 +58,8 @@ async def _drain(server: RunningServer) -> None:
         stream = aiter(client.generate(request))
         events = [await anext(stream)]  # in flight
 
+        # what the server logs from here on: earlier tests' calls are not this shutdown's
+        logged = server.log_path.stat().st_size
         server.process.send_signal(signal.SIGTERM)
         watch = aiter(client.health_stub.Watch(_health_request(), timeout=30))
         statuses = [(await anext(watch)).status]
@@ -71,7 +76,9 @@ async def _drain(server: RunningServer) -> None:
 
     exit_code = await asyncio.to_thread(server.process.wait, 90)
     assert exit_code == 0, server.log()
-    log = server.log(400)
+    with server.log_path.open("rb") as whole:
+        whole.seek(logged)
+        log = whole.read().decode(errors="replace")
     assert "stopped" in log
     # a clean shutdown: no engine error on the way out (mmgate stops using the engine first)
     for noise in ("Traceback", "EngineDeadError", "output_handler failed"):

@@ -1,5 +1,6 @@
 """Images end to end: a real mmgate server in this process (so a test can reach into its media
-pipeline), the real vLLM engine on the tiny LLaVA model, real gRPC over loopback."""
+pipeline), the real vLLM engine on the tiny LLaVA model, real gRPC over loopback; the package's
+server, which test_placeholder_tokens shares."""
 
 from __future__ import annotations
 
@@ -16,8 +17,6 @@ from google.rpc import error_details_pb2
 
 from services.api.server import MmgateServer
 from services.client import MmgateClient, build_request, digest_of
-from services.config import Settings
-from services.models import build_tiny_llava, engine_settings
 from services.pipeline.media import PixelsStage
 from services.proto.mmgate.v1 import inference_pb2 as pb
 from services.wire import TENANT_HEADER
@@ -28,35 +27,18 @@ from ..imagegen import corrupt_png, large_png, png, png_bomb, variant
 from ..prom import promtool_problems, scrape
 from ..reentering import ReEntering
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = pytest.mark.asyncio(loop_scope="package")
 
 IMAGE_TOKENS = 16  # 56x56 pixels in 14-pixel patches
 
 
-@pytest.fixture(scope="module")
-def llava_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_llava(tmp_path_factory.mktemp("models") / "tiny-llava")
+@pytest.fixture
+def server(embeddings_server: MmgateServer) -> MmgateServer:
+    """The package's in-process server (tests/services/pipeline/conftest.py)."""
+    return embeddings_server
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def server(llava_model: Path) -> AsyncIterator[MmgateServer]:
-    settings = Settings(
-        port=0,
-        engine=engine_settings(llava_model),
-        metrics={"port": 0},
-        max_concurrent_requests=16,
-        # one decode at a time: a burst of large images queues there (and only there)
-        threads={"decode": 1},
-    )
-    running = MmgateServer(settings, model=str(llava_model))
-    try:
-        await running.start()
-        yield running
-    finally:
-        await running.stop(grace=5)
-
-
-@pytest_asyncio.fixture(loop_scope="module")
+@pytest_asyncio.fixture(loop_scope="package")
 async def client(server: MmgateServer) -> AsyncIterator[MmgateClient]:
     async with MmgateClient(f"127.0.0.1:{server.port}", timeout=60.0) as client:
         yield client

@@ -14,35 +14,38 @@ from services.api.server import MmgateServer
 from services.api.validation import validate
 from services.client import MmgateClient, build_request, digest_of
 from services.config import Settings
-from services.models import build_tiny_llava, engine_settings
+from services.models import engine_settings
 from services.pipeline.media import PixelsStage
 from services.pipeline.prompts import render
 
 from ..imagegen import encoded, large_png, picture, png, variant
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = pytest.mark.asyncio(loop_scope="package")
 
 
-@pytest.fixture(scope="module")
-def llava_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_llava(tmp_path_factory.mktemp("models") / "tiny-llava")
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["pixels", "embeddings"])
-async def server(request: pytest.FixtureRequest, llava_model: Path) -> AsyncIterator[MmgateServer]:
+@pytest_asyncio.fixture(scope="module", loop_scope="package")
+async def pixels_server(llava_model: Path) -> AsyncIterator[MmgateServer]:
     settings = Settings(
         port=0,
         engine=engine_settings(llava_model),
-        media={"mode": request.param},
+        media={"mode": "pixels"},
         metrics={"enabled": False},
     )
     running = MmgateServer(settings, model=str(llava_model))
     try:
         await running.start()
-        assert running.pipeline.media.mode == request.param
         yield running
     finally:
         await running.stop(grace=5)
+
+
+@pytest.fixture(scope="module", params=["pixels", "embeddings"])
+def server(request: pytest.FixtureRequest) -> MmgateServer:
+    """A server of its own in pixels mode; in embeddings mode the package's, which test_images
+    shares (tests/services/pipeline/conftest.py)."""
+    running: MmgateServer = request.getfixturevalue(f"{request.param}_server")
+    assert running.pipeline.media.mode == request.param
+    return running
 
 
 @pytest.mark.parametrize("images", [1, 3])
@@ -50,7 +53,7 @@ async def test_the_budget_counts_image_tokens_as_the_engine_does(
     server: MmgateServer, images: int
 ) -> None:
     request = build_request(
-        "What is in the pictures?", images=[png(600 + i) for i in range(images)], max_tokens=2
+        "What is in the pictures?", images=[png(6600 + i) for i in range(images)], max_tokens=2
     )
     async with MmgateClient(f"127.0.0.1:{server.port}", timeout=60.0) as client:
         answer = await client.complete_request(request)
@@ -110,7 +113,7 @@ async def test_one_huge_image_is_served_but_does_not_flush_the_cache(
     media = server.pipeline.media
     assert isinstance(media, PixelsStage)
     assert server.cache.config.max_entry_fraction == 0.05
-    small = [png(700 + i) for i in range(3)]
+    small = [png(6700 + i) for i in range(3)]
     shrink, media.shrink = media.shrink, None
     try:
         async with MmgateClient(f"127.0.0.1:{server.port}", timeout=120.0) as client:

@@ -6,7 +6,6 @@ start check telling a wrong password or an unreachable Redis in a line."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -88,39 +87,59 @@ def redis(tmp_path: Path) -> Iterator[RedisProcess]:
     server.stop()
 
 
+async def subscribed(nodes: list[RedisProcess], channel: str, listeners: int) -> None:
+    """``listeners`` tiers hear ``channel``'s invalidations (PUBSUB NUMSUB, summed over the
+    nodes: in a Cluster each counts the subscribers connected to it)."""
+
+    async def listening() -> bool:
+        counts = [node.cli("PUBSUB", "NUMSUB", channel).split()[-1] for node in nodes]
+        return sum(int(count) for count in counts) >= listeners
+
+    await eventually(listening, timeout=10)
+
+
 @pytest.fixture
 async def replicas(redis: RedisProcess) -> AsyncIterator[tuple[CacheActor, CacheActor]]:
-    """Two actors sharing one Redis, as two replicas do."""
+    """Two actors sharing one Redis, as two replicas do, each listening for the other's
+    invalidations."""
     tiers = [tier_for(redis.url), tier_for(redis.url)]
     actors = [actor_for(tier) for tier in tiers]
     for actor, tier in zip(actors, tiers, strict=True):
         actor.start()
         tier.listen(forget_in(actor))
+    await subscribed([redis], tiers[0].channel, listeners=2)
     yield actors[0], actors[1]
     for actor, tier in zip(actors, tiers, strict=True):
         await actor.aclose()
         await tier.close()
 
 
-async def written(actor: CacheActor) -> None:
-    """The write queue is empty and nothing is being written."""
+@pytest.fixture
+async def probe(redis: RedisProcess) -> AsyncIterator[RedisTier]:
+    """A tier of the test's own, to look at what the replicas wrote."""
+    tier = tier_for(redis.url)
+    yield tier
+    await tier.close()
 
-    async def drained() -> bool:
-        await asyncio.sleep(0.01)
-        return actor.stats().tier_write_queue_depth == 0
 
-    await eventually(drained, timeout=10)
-    await asyncio.sleep(0.05)  # the writer's SET in flight
+async def written(tier: RedisTier, *keys: str, tenant: str = "t") -> None:
+    """The write-backs of ``keys`` (queued, never waited for) have landed: Redis holds each."""
+
+    async def landed() -> bool:
+        names = [tier.redis_key(tenant, "response", key) for key in keys]
+        return all([await tier.client.exists(name) for name in names])
+
+    await eventually(landed, timeout=10)
 
 
 async def test_a_value_computed_by_one_replica_is_served_to_the_other(
-    replicas: tuple[CacheActor, CacheActor],
+    replicas: tuple[CacheActor, CacheActor], probe: RedisTier
 ) -> None:
     first, second = replicas
     value = {"deltas": [["Paris", [42]]]}
     made = computed(value)
     assert (await first.get("k", made, tenant="t", tier=STAGE)).tier is None
-    await written(first)
+    await written(probe, "k")
     other = computed({"never": "used"})
     lookup = await second.get("k", other, tenant="t", tier=STAGE)
     assert (lookup.value, lookup.outcome, lookup.tier) == (value, Outcome.MISS, "redis")
@@ -130,11 +149,11 @@ async def test_a_value_computed_by_one_replica_is_served_to_the_other(
 
 
 async def test_invalidate_on_one_replica_reaches_the_other(
-    replicas: tuple[CacheActor, CacheActor], redis: RedisProcess
+    replicas: tuple[CacheActor, CacheActor], redis: RedisProcess, probe: RedisTier
 ) -> None:
     first, second = replicas
     await first.get("k", computed("v1"), tenant="t", tier=STAGE)
-    await written(first)
+    await written(probe, "k")
     assert (await second.get("k", computed("x"), tenant="t", tier=STAGE)).tier == "redis"
     assert (await second.get("k", computed("x"), tenant="t", tier=STAGE)).outcome is Outcome.HIT
     assert await first.invalidate("k", tenant="t", stage="response")
@@ -178,7 +197,11 @@ async def test_bad_bytes_under_our_key_are_a_counted_miss_then_replaced(
         assert (lookup.value, lookup.tier) == ("fresh", None)
         assert made.calls == [1]
         assert sum(tier.bad_values.values()) == 1, tier.bad_values
-        await written(actor)
+
+        async def replaced() -> bool:  # the write-back of the good value has landed
+            return await tier.client.get(OURS) != bad
+
+        await eventually(replaced, timeout=10)
         # the good value replaced the bad one, with the stage's TTL (60 s here)
         assert 0 < await tier.client.pttl(tier.redis_key("t", "response", "k")) <= 60_000
         assert unseal_json(await tier.client.get(OURS), "response", key=OURS) == "fresh"
@@ -293,7 +316,7 @@ async def test_a_killed_redis_fails_no_lookup_opens_the_breaker_and_is_used_agai
     actor.start()
     try:
         await actor.get("before", computed(1), tenant="t", tier=STAGE)
-        await written(actor)
+        await written(tier, "before")
         redis.kill()
         killed = time.monotonic()
         for i in range(10):
@@ -381,13 +404,13 @@ async def test_a_cluster_shares_values_and_invalidations(tmp_path: Path) -> None
         first, second = actors
         for i in range(20):  # keys spread over the three masters' slots
             await first.get(f"k{i}", computed(i), tenant="t", tier=STAGE)
-        await written(first)
+        await written(tiers[0], *(f"k{i}" for i in range(20)))
         served = [
             await second.get(f"k{i}", computed(-1), tenant="t", tier=STAGE) for i in range(20)
         ]
         assert [(s.value, s.tier) for s in served] == [(i, "redis") for i in range(20)]
         assert all(node.cli("DBSIZE") != "0" for node in nodes)
-        await asyncio.sleep(0.2)  # the subscriptions are in place
+        await subscribed(nodes, tiers[1].channel, listeners=2)
         await first.invalidate("k3", tenant="t", stage="response")
 
         async def dropped() -> bool:
@@ -411,7 +434,7 @@ async def test_a_full_redis_refusing_writes_still_serves_what_it_holds(tmp_path:
     actor.start()
     try:
         await actor.get("held", computed("kept"), tenant="t", tier=STAGE)
-        await written(actor)
+        await written(tier, "held")
         # Redis over its maxmemory: from now on it refuses every write (OOM), reads go on
         server.cli("CONFIG", "SET", "maxmemory", "1")
         for i in range(5):

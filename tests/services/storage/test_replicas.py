@@ -1,68 +1,38 @@
 """Two real mmgate servers (tiny LLaVA, embeddings mode, real vLLM) sharing one real redis-server,
 as two replicas do: what one computed the other serves from Redis without computing it, an
 invalidation on one reaches the other, bad bytes in Redis are a counted miss, and a Redis killed
-in the middle of a load costs no caller anything."""
+in the middle of a load costs no caller anything. The replicas are the session's pair
+(tests/replicas.py), which the proxy's smoke test uses too: each test its own images and prompts,
+and counts taken as deltas."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
 from services.cli.bench.load import Limits, run
 from services.cli.bench.workload import Mix, Workload
 from services.client import build_request, digest_of
-from services.models import build_tiny_llava
 from services.proto.mmgate.v1 import cache_pb2, inference_pb2
-from tests.redis_support import RedisProcess, redis_server
+from tests.redis_support import RedisProcess
+from tests.replicas import Replicas
 from tests.services.prom import scrape
-from tests.support import RunningServer, eventually, start_server
+from tests.support import RunningServer, eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
-@pytest.fixture(scope="module")
-def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
-    server = redis_server(tmp_path_factory.mktemp("redis"))
-    yield server
-    server.stop()
+@pytest.fixture
+def redis(replicas_redis: RedisProcess) -> RedisProcess:
+    return replicas_redis
 
 
-def two_replicas(
-    tmp_path_factory: pytest.TempPathFactory, url: str, **settings: str
-) -> Iterator[tuple[RunningServer, RunningServer]]:
-    """Two servers sharing the Redis at ``url``, each engine pinned to a core of its own."""
-    model = build_tiny_llava(tmp_path_factory.mktemp("models") / "tiny-llava")
-    servers = []
-    try:
-        for cpu in ("0", "1"):
-            servers.append(
-                start_server(
-                    tmp_path_factory.mktemp(f"replica-{cpu}"),
-                    str(model),
-                    MMGATE_MEDIA__MODE="embeddings",
-                    MMGATE_ENGINE__DTYPE="float32",
-                    MMGATE_ENGINE__KV_CACHE_MEMORY_BYTES=str(64 << 20),
-                    VLLM_CPU_OMP_THREADS_BIND=cpu,
-                    MMGATE_REDIS__URL=url,
-                    MMGATE_REDIS__BREAKER_SECONDS="2",
-                    MMGATE_REDIS__BREAKER_FAILURES="3",
-                    **settings,
-                )
-            )
-        yield servers[0], servers[1]
-    finally:
-        for server in servers:
-            server.stop()
-
-
-@pytest.fixture(scope="module")
-def replicas(
-    tmp_path_factory: pytest.TempPathFactory, redis: RedisProcess
-) -> Iterator[tuple[RunningServer, RunningServer]]:
-    yield from two_replicas(tmp_path_factory, redis.url)
+@pytest.fixture
+def replicas(shared_replicas: Replicas) -> tuple[RunningServer, RunningServer]:
+    return shared_replicas.pair
 
 
 def image(seed: int) -> bytes:
@@ -303,10 +273,15 @@ async def test_a_killed_redis_costs_no_caller_anything(
         warm, _, _ = await run(two, Workload(mix), Limits(requests=8, concurrency=4))
         # served from Redis before it dies
         assert "redis" in [tier for o in warm for _, _, tier in o.lookups]
+        underway = asyncio.Event()
+
+        def on_done(_: object) -> None:
+            underway.set()
+
         load = asyncio.ensure_future(
-            run(two, Workload(mix), Limits(requests=60, concurrency=4, timeout=30))
+            run(two, Workload(mix), Limits(requests=60, concurrency=4, timeout=30), on_done)
         )
-        await asyncio.sleep(0.3)
+        await asyncio.wait_for(underway.wait(), 60)  # Redis dies in the middle of the load
         redis.kill()
         killed = time.monotonic()
 
@@ -325,8 +300,7 @@ async def test_a_killed_redis_costs_no_caller_anything(
         async def used_again() -> bool:
             # a new image each time: once the breaker closes, its encoder output is written
             await ask(second, image(next(attempts)))
-            await asyncio.sleep(0.1)
             return redis.cli("DBSIZE") != "0"
 
-        await eventually(used_again, timeout=30)
+        await eventually(used_again, timeout=30, interval=0.1)
     print(f"\nredis killed -> breaker open in {to_open:.2f} s; {len(outcomes)} requests, all OK")

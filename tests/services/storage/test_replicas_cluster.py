@@ -8,7 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from services.models import build_tiny_llava
 from tests.redis_support import RedisProcess, redis_cluster
+from tests.replicas import Replicas
 from tests.support import RunningServer
 
 from . import test_replicas as shared
@@ -29,7 +31,18 @@ def replicas(
     tmp_path_factory: pytest.TempPathFactory, cluster: list[RedisProcess]
 ) -> Iterator[tuple[RunningServer, RunningServer]]:
     # each replica knows one node; the client finds the others
-    yield from shared.two_replicas(tmp_path_factory, cluster[1].url, MMGATE_REDIS__CLUSTER="true")
+    model = build_tiny_llava(tmp_path_factory.mktemp("models") / "tiny-llava")
+    group = Replicas(
+        tmp_path_factory.mktemp("cluster-replicas"),
+        model,
+        cluster[1].url,
+        MMGATE_REDIS__CLUSTER="true",
+    )
+    group.start_all(2)
+    try:
+        yield group.pair
+    finally:
+        group.stop()
 
 
 async def test_sharing_through_a_cluster(
