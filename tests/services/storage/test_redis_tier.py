@@ -199,7 +199,7 @@ async def test_bad_bytes_under_our_key_are_a_counted_miss_then_replaced(
         assert sum(tier.bad_values.values()) == 1, tier.bad_values
 
         async def replaced() -> bool:  # the write-back of the good value has landed
-            return await tier.client.get(OURS) != bad
+            return bool(await tier.client.get(OURS) != bad)
 
         await eventually(replaced, timeout=10)
         # the good value replaced the bad one, with the stage's TTL (60 s here)
