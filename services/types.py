@@ -42,6 +42,12 @@ class Sampling:
     min_p: float | None = None
     ignore_eos: bool = False
     stream_interval: int | None = None
+    min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    # (token id, bias), by token id: a tuple, so that two equal biases make one key
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def deterministic(self) -> bool:
@@ -79,6 +85,8 @@ class GenerationRequest:
     request_id: str
     cache_policy: CachePolicy
     images: tuple[ImageInput, ...] = ()
+    # keep only the rendered prompt's last this many tokens (None: all of them)
+    truncate_prompt_tokens: int | None = None
 
 
 # ── what the pipeline makes of it ───────────────────────────────────────────────────────────
@@ -234,6 +242,17 @@ class EngineHealth:
 
 @final
 @dataclass(frozen=True, slots=True)
+class ModelFacts:
+    """What a started engine's model is, for callers (Inference.GetModelInfo)."""
+
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    has_chat_template: bool
+
+
+@final
+@dataclass(frozen=True, slots=True)
 class EngineTokenStats:
     """Tokens the engine has processed since start, and how soon requests got their first."""
 
@@ -289,6 +308,7 @@ __all__ = [
     "LookupReport",
     "MediaForm",
     "MediaStats",
+    "ModelFacts",
     "RenderedPrompt",
     "Sampling",
     "ThreadPoolStats",

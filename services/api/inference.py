@@ -21,6 +21,7 @@ from typing import final
 import grpc
 
 from ..config import Settings
+from ..engine.worker import EngineWorker
 from ..pipeline.generation import Pipeline, PipelineRef
 from ..pipeline.request import Request, loop_deadline
 from ..proto.mmgate.v1 import inference_pb2 as pb
@@ -41,10 +42,17 @@ _FINISH = {
 
 @final
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
-    def __init__(self, settings: Settings, pipeline: PipelineRef, admission: Admission) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        pipeline: PipelineRef,
+        admission: Admission,
+        engine: EngineWorker,
+    ) -> None:
         self.settings = settings
         self.pipeline = pipeline
         self.admission = admission
+        self.engine = engine
 
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
@@ -70,6 +78,35 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     response.final.CopyFrom(event.final)
         response.text = "".join(texts)
         return response
+
+    async def GetModelInfo(
+        self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelInfo:
+        try:
+            pipeline = self.pipeline.get()
+            facts = self.engine.facts()
+        except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
+            await abort(context, from_exception(exc))
+        settings = self.settings
+        return pb.ModelInfo(
+            model=self.engine.model_name,
+            max_model_len=self.engine.max_model_len,
+            vocab_size=facts.vocab_size,
+            eos_token_ids=facts.eos_token_ids,
+            bos_token_id=facts.bos_token_id,
+            takes_images=pipeline.media.takes_images,
+            media_mode=pipeline.media.mode,
+            has_chat_template=facts.has_chat_template,
+            limits=pb.ModelLimits(
+                max_tokens=self.engine.max_model_len - 1,
+                max_images=settings.media.max_images_per_request,
+                min_stream_interval=settings.engine.stream_interval,
+                max_message_bytes=settings.max_message_bytes,
+                max_stop_strings=settings.max_stop_strings,
+                max_stop_token_ids=settings.max_stop_token_ids,
+                max_logit_bias=settings.max_logit_bias,
+            ),
+        )
 
     # ── one call ────────────────────────────────────────────────────────────────────────────
 
@@ -105,6 +142,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             message,
             self.settings,
             max_model_len=pipeline.engine.max_model_len,
+            vocab_size=pipeline.engine.vocab_size,
             takes_images=pipeline.media.takes_images,
         )
         return pipeline.request(checked, tenant, deadline, trace_headers(context))

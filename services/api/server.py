@@ -135,7 +135,7 @@ class MmgateServer:
         self.isolation = Isolation(settings.tenants)
         self.pipelines = PipelineRef()
         self.admission = Admission(settings.max_concurrent_requests, self.quotas)
-        self.inference = InferenceServicer(settings, self.pipelines, self.admission)
+        self.inference = InferenceServicer(settings, self.pipelines, self.admission, self.engine)
         self.cache_service = CacheServicer(
             settings,
             self.cache,

@@ -48,9 +48,11 @@ def validate(
     settings: Settings,
     *,
     max_model_len: int,
+    vocab_size: int | None = None,
     takes_images: bool = False,
 ) -> GenerationRequest:
-    """Check a GenerateRequest against the contract and the server's limits."""
+    """Check a GenerateRequest against the contract, the model and the server's limits
+    (``vocab_size`` None: token ids are checked against no vocabulary)."""
     problems: list[Violation] = []
 
     def bad(field: str, description: str) -> None:
@@ -97,6 +99,15 @@ def validate(
         chat = tuple(ChatTurn(m.role, m.content) for m in messages)
 
     sampling, max_tokens_set = _sampling(request, settings, max_model_len, bad)
+    _token_controls(request.sampling, settings, vocab_size, bad)
+    truncate: int | None = None
+    if request.sampling.HasField("truncate_prompt_tokens"):
+        truncate = request.sampling.truncate_prompt_tokens
+        if not 1 <= truncate < max_model_len:
+            bad("sampling.truncate_prompt_tokens", f"must be between 1 and {max_model_len - 1}")
+        if request.images:
+            # the last tokens could begin inside an image's placeholder tokens
+            bad("sampling.truncate_prompt_tokens", "cannot be used with images")
     if takes_images:
         text_field = "prompt" if kind == "prompt" else "chat.messages"
         texts = [prompt] if prompt is not None else [t.content for t in chat or ()]
@@ -119,6 +130,7 @@ def validate(
         request_id=request_id or uuid.uuid4().hex,
         cache_policy=_POLICIES[request.cache_policy],
         images=tuple(image_input(i, image) for i, image in enumerate(request.images)),
+        truncate_prompt_tokens=truncate,
     )
 
 
@@ -194,7 +206,7 @@ def _sampling(
     if max_tokens_set and not 1 <= s.max_tokens < max_model_len:
         bad("sampling.max_tokens", f"must be between 1 and {max_model_len - 1}")
     checks: list[tuple[str, bool, str]] = [
-        ("temperature", _finite(s.temperature) and 0 <= s.temperature <= 100, "between 0 and 100"),
+        ("temperature", _finite(s.temperature) and 0 <= s.temperature <= 2, "between 0 and 2"),
         ("top_p", _finite(s.top_p) and 0 < s.top_p <= 1, "in (0, 1]"),
         ("top_k", s.top_k >= -1, "-1 or 0 (all tokens) or a positive count"),
         ("min_p", _finite(s.min_p) and 0 <= s.min_p <= 1, "in [0, 1]"),
@@ -246,5 +258,40 @@ def _sampling(
         min_p=optional("min_p"),
         ignore_eos=s.ignore_eos,
         stream_interval=s.stream_interval if s.HasField("stream_interval") else None,
+        min_tokens=s.min_tokens,
+        stop_token_ids=tuple(s.stop_token_ids),
+        include_stop_str_in_output=s.include_stop_str_in_output,
+        skip_special_tokens=s.skip_special_tokens if s.HasField("skip_special_tokens") else True,
+        logit_bias=tuple(sorted(s.logit_bias.items())),
     )
+    if s.HasField("min_tokens") and max_tokens_set and s.min_tokens > max_tokens:
+        bad("sampling.min_tokens", f"{s.min_tokens} is more than max_tokens ({max_tokens})")
+    elif s.min_tokens >= max_model_len:
+        bad("sampling.min_tokens", f"must be less than the model's {max_model_len} tokens")
     return sampling, max_tokens_set
+
+
+def _token_controls(
+    s: pb.SamplingParams,
+    settings: Settings,
+    vocab_size: int | None,
+    bad: Callable[[str, str], None],
+) -> None:
+    """Token ids against the vocabulary, biases against their range, counts against limits."""
+    vocab = vocab_size if vocab_size is not None else 2**32
+    if len(s.stop_token_ids) > settings.max_stop_token_ids:
+        count, limit = len(s.stop_token_ids), settings.max_stop_token_ids
+        bad("sampling.stop_token_ids", f"{count} ids; the limit is {limit}")
+    for i, token in enumerate(s.stop_token_ids[: settings.max_stop_token_ids]):
+        if token >= vocab:
+            bad(f"sampling.stop_token_ids[{i}]", f"{token} is not below the vocabulary's {vocab}")
+    if len(s.logit_bias) > settings.max_logit_bias:
+        count, limit = len(s.logit_bias), settings.max_logit_bias
+        bad("sampling.logit_bias", f"{count} entries; the limit is {limit}")
+        return
+    for token, bias in sorted(s.logit_bias.items()):
+        where = f"sampling.logit_bias[{token}]"
+        if token >= vocab:
+            bad(where, f"token {token} is not below the vocabulary's {vocab}")
+        if not (_finite(bias) and -100 <= bias <= 100):
+            bad(where, f"{bias!r} is not between -100 and 100")

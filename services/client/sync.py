@@ -114,6 +114,13 @@ class SyncClient:
         self.held.add(response.digest)
         return response
 
+    def model_info(self) -> inference_pb2.ModelInfo:
+        """The served model (name, context length, vocabulary, end ids) and the server's limits."""
+        response: inference_pb2.ModelInfo = self.inference.GetModelInfo(
+            inference_pb2.GetModelInfoRequest(), timeout=self.timeout, metadata=self.metadata
+        )
+        return response
+
     def stats(self, *, all_tenants: bool = False) -> cache_pb2.GetStatsResponse:
         """The caller's tenant's figures; an admin's: all tenants together, and with
         ``all_tenants`` each tenant's."""

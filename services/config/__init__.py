@@ -68,6 +68,10 @@ class Settings(BaseSettings):
     """Most chat messages in one request."""
     max_stop_strings: int = Field(16, gt=0)
     """Most stop strings in one request."""
+    max_stop_token_ids: int = Field(64, gt=0)
+    """Most stop token ids in one request."""
+    max_logit_bias: int = Field(300, gt=0)
+    """Most logit_bias entries in one request (OpenAI's API allows 300)."""
     default_max_tokens: int = Field(256, gt=0)
     """max_tokens of a request that sets none (less where the context window ends first)."""
     max_concurrent_requests: int = Field(256, gt=0)

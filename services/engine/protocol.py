@@ -21,6 +21,9 @@ class Engine(Protocol):
     def max_model_len(self) -> int: ...
 
     @property
+    def vocab_size(self) -> int: ...
+
+    @property
     def ready(self) -> bool: ...
 
     @property

@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any, final
 from ..config import EngineSettings, default_model_cache
 from ..errors import EngineUnavailable
 from ..observability.spans import EngineTrace
-from ..types import EngineDelta, EngineRequest, EngineStats, EngineTokenStats
+from ..types import EngineDelta, EngineRequest, EngineStats, EngineTokenStats, ModelFacts
 from .dtypes import VERDICTS_FILE, Cpu, DtypeChoice, Verdicts, choose_dtype, this_cpu
 from .outputs import delta_of, times_of
 from .progress import Progress
+from .sampling import vllm_sampling
 from .stats import Counters, TokenCounters, stats_recorder_factory
 from .tensors import engine_image_data
 from .tokenizers import private_copy
@@ -52,6 +53,7 @@ class EngineWorker:
         self.progress = Progress()
         self._closed = False
         self.max_model_len = settings.max_model_len
+        self.vocab_size = 0  # the model's, once started
         self._image_limit: int | None = None
         self._image_embeddings = False
         # what dtype=auto decides from: injectable (tests stand in another CPU and its verdicts)
@@ -141,6 +143,7 @@ class EngineWorker:
             AsyncLLM.from_engine_args, args, stat_loggers=[factory]
         )
         self.max_model_len = self._require().model_config.max_model_len
+        self.vocab_size = self._require().model_config.get_vocab_size()
         observability = getattr(self._require(), "observability_config", None)
         self.vllm_traces = bool(getattr(observability, "otlp_traces_endpoint", None))
         log.info("engine ready: %s (max_model_len %d)", self.model_name, self.max_model_len)
@@ -165,6 +168,22 @@ class EngineWorker:
     @property
     def tokenizer(self) -> Any:
         return self._require().get_tokenizer()
+
+    def facts(self) -> ModelFacts:
+        """The model's vocabulary, its end and beginning ids, whether it has a chat template."""
+        engine = self._require()
+        tokenizer = engine.get_tokenizer()
+        eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+        # a model's generation config may name more ends than its tokenizer (vLLM stops at all)
+        generation = engine.model_config.try_get_generation_config() or {}
+        named = generation.get("eos_token_id")
+        eos.update(named if isinstance(named, list) else [] if named is None else [named])
+        return ModelFacts(
+            vocab_size=self.vocab_size,
+            eos_token_ids=tuple(sorted(int(i) for i in eos)),
+            bos_token_id=tokenizer.bos_token_id,
+            has_chat_template=getattr(tokenizer, "chat_template", None) is not None,
+        )
 
     def tokenizer_copy(self) -> Any:
         """A deep copy of the tokenizer for one thread alone (none of vLLM's pooled copies)."""
@@ -196,33 +215,11 @@ class EngineWorker:
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineDelta, None]:
         """Stream one request's new tokens; leaving early aborts it in the engine."""
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
 
         engine = self._require()
         request_id, sampling, images = request.request_id, request.sampling, request.images
-        params = SamplingParams(
-            max_tokens=sampling.max_tokens,
-            stop=list(sampling.stop) or None,
-            ignore_eos=sampling.ignore_eos,
-            output_kind=RequestOutputKind.DELTA,
-            **{
-                name: value
-                for name in (
-                    "temperature",
-                    "top_p",
-                    "top_k",
-                    "seed",
-                    "presence_penalty",
-                    "frequency_penalty",
-                    "repetition_penalty",
-                    "min_p",
-                    "stream_interval",
-                )
-                if (value := getattr(sampling, name)) is not None
-            },
-        )
+        params = vllm_sampling(sampling)
         # set once vLLM says the request finished ("abort" included); None: it is still running
         finish_reason: str | None = None
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))

@@ -1,7 +1,8 @@
 """The token budget: a prompt checked against the context window, and max_tokens settled.
 
 prompt tokens + image tokens (each placeholder expanded, as the engine will) ─▶ fits?
-max_tokens set ─▶ must fit in what is left; unset ─▶ min(what is left, the default)
+max_tokens set ─▶ must fit in what is left; unset ─▶ min(what is left, the default), and
+                  min_tokens must fit in that
 """
 
 from __future__ import annotations
@@ -41,7 +42,18 @@ def fit(
                 ]
             )
         return checked.sampling
-    return dataclasses.replace(checked.sampling, max_tokens=min(room, default_max_tokens))
+    max_tokens = min(room, default_max_tokens)
+    if checked.sampling.min_tokens > max_tokens:
+        raise InvalidRequest(
+            [
+                Violation(
+                    "sampling.min_tokens",
+                    f"{checked.sampling.min_tokens} is more than the {max_tokens} tokens this"
+                    " request may generate; set max_tokens, or ask for fewer",
+                )
+            ]
+        )
+    return dataclasses.replace(checked.sampling, max_tokens=max_tokens)
 
 
 __all__ = ["fit"]

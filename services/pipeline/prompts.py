@@ -27,11 +27,16 @@ from .threads import ThreadPools
 
 
 def prompt_payload(request: GenerationRequest) -> Any:
+    payload: dict[str, Any]
     if request.chat is not None:
         turns = [[turn.role, turn.content] for turn in request.chat]
         # with images, messages are rendered as content parts: another prompt
-        return {"chat": turns, "parts": True} if request.images else {"chat": turns}
-    return {"prompt": request.prompt}
+        payload = {"chat": turns, "parts": True} if request.images else {"chat": turns}
+    else:
+        payload = {"prompt": request.prompt}
+    if request.truncate_prompt_tokens is not None:
+        payload["truncate"] = request.truncate_prompt_tokens  # another prompt: its last tokens
+    return payload
 
 
 def content_parts(content: str) -> list[dict[str, str]]:
@@ -101,6 +106,11 @@ def _render_with(tokenizer: Any, request: GenerationRequest) -> RenderedPrompt:
         assert request.prompt is not None
         text = request.prompt
         ids = tokenizer(text)["input_ids"]
+    keep = request.truncate_prompt_tokens
+    if keep is not None and len(ids) > keep:
+        # the last tokens, as vLLM's server truncates; the text is what they decode to
+        ids = ids[len(ids) - keep :]
+        text = tokenizer.decode(ids)
     return RenderedPrompt(text=text, token_ids=tuple(int(i) for i in ids))
 
 

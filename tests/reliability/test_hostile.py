@@ -184,6 +184,12 @@ sampling = st.fixed_dictionaries(
         "top_k": st.integers(-(2**31), 2**31 - 1),
         "seed": st.integers(-(2**63), 2**63 - 1),
         "repetition_penalty": floats,
+        "min_tokens": st.integers(0, 2**32 - 1),
+        "stop_token_ids": st.lists(st.integers(0, 2**32 - 1), max_size=70),
+        "include_stop_str_in_output": st.booleans(),
+        "skip_special_tokens": st.booleans(),
+        "logit_bias": st.dictionaries(st.integers(0, 2**32 - 1), floats, max_size=5),
+        "truncate_prompt_tokens": st.integers(0, 2**32 - 1),
     },
 )
 requests = st.builds(

@@ -1,15 +1,18 @@
 """Request validation, without an engine: each bad input names its field."""
 
 import math
+from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.api.validation import validate
 from services.config import Settings
+from services.engine.sampling import vllm_sampling
 from services.errors import InvalidRequest
 from services.proto.mmgate.v1 import inference_pb2 as pb
+from services.types import Sampling
 
 SETTINGS = Settings(max_prompt_chars=1000, max_chat_messages=4, max_message_bytes=64 * 1024)
 MAX_MODEL_LEN = 2048
@@ -172,3 +175,120 @@ def test_a_negative_seed_is_refused_in_plain_words() -> None:
     assert [(v.field, v.description) for v in caught.value.violations] == [
         ("sampling.seed", "-1 is not 0 or more")
     ]
+
+
+# ── the token controls ─────────────────────────────────────────────────────────────────────
+
+VOCAB = 1000
+
+
+def controls(**sampling: object) -> pb.GenerateRequest:
+    return pb.GenerateRequest(prompt="Hi", sampling=pb.SamplingParams(**sampling))  # type: ignore[arg-type]
+
+
+def problems_of(request: pb.GenerateRequest) -> dict[str, str]:
+    with pytest.raises(InvalidRequest) as caught:
+        validate(request, SETTINGS, max_model_len=MAX_MODEL_LEN, vocab_size=VOCAB)
+    return {v.field: v.description for v in caught.value.violations}
+
+
+def test_the_token_controls_reach_the_sampling() -> None:
+    request = controls(
+        max_tokens=32,
+        min_tokens=4,
+        stop_token_ids=[7, 3],
+        include_stop_str_in_output=True,
+        skip_special_tokens=False,
+        logit_bias={9: -100.0, 2: 5.5},
+        truncate_prompt_tokens=100,
+    )
+    checked = validate(request, SETTINGS, max_model_len=MAX_MODEL_LEN, vocab_size=VOCAB)
+    s = checked.sampling
+    assert (s.min_tokens, s.stop_token_ids) == (4, (7, 3))
+    assert s.include_stop_str_in_output
+    assert not s.skip_special_tokens
+    assert s.logit_bias == ((2, 5.5), (9, -100.0))  # by token id: one key for one bias
+    assert checked.truncate_prompt_tokens == 100
+    plain = validate(controls(), SETTINGS, max_model_len=MAX_MODEL_LEN, vocab_size=VOCAB)
+    assert plain.sampling.skip_special_tokens
+    assert plain.truncate_prompt_tokens is None
+
+
+@pytest.mark.parametrize(
+    ("request_", "field", "words"),
+    [
+        (controls(max_tokens=4, min_tokens=5), "sampling.min_tokens", "more than max_tokens"),
+        (controls(stop_token_ids=[1, VOCAB]), "sampling.stop_token_ids[1]", "vocabulary"),
+        (controls(stop_token_ids=range(65)), "sampling.stop_token_ids", "the limit is 64"),
+        (controls(logit_bias={VOCAB: 1.0}), f"sampling.logit_bias[{VOCAB}]", "vocabulary"),
+        (controls(logit_bias={5: 100.5}), "sampling.logit_bias[5]", "between -100 and 100"),
+        (controls(logit_bias={5: math.nan}), "sampling.logit_bias[5]", "between -100 and 100"),
+        (controls(logit_bias=dict.fromkeys(range(301), 1.0)), "sampling.logit_bias", "300"),
+        (controls(truncate_prompt_tokens=0), "sampling.truncate_prompt_tokens", "between 1"),
+        (
+            controls(truncate_prompt_tokens=MAX_MODEL_LEN),
+            "sampling.truncate_prompt_tokens",
+            f"{MAX_MODEL_LEN - 1}",
+        ),
+    ],
+)
+def test_a_bad_token_control_names_its_field(
+    request_: pb.GenerateRequest, field: str, words: str
+) -> None:
+    problems = problems_of(request_)
+    assert words in problems[field], problems
+
+
+def test_truncation_is_refused_with_images() -> None:
+    request = controls(truncate_prompt_tokens=10)
+    request.prompt = "<image> Describe."
+    request.images.add(data=b"\x89PNG\r\n\x1a\n")
+    with pytest.raises(InvalidRequest) as caught:
+        validate(
+            request, SETTINGS, max_model_len=MAX_MODEL_LEN, vocab_size=VOCAB, takes_images=True
+        )
+    descriptions = {v.field: v.description for v in caught.value.violations}
+    assert descriptions["sampling.truncate_prompt_tokens"] == "cannot be used with images"
+
+
+FLOATS = st.floats(allow_nan=True, allow_infinity=True, width=32) | st.floats(-200, 200, width=32)
+COUNTS = st.integers(-(2**31), 2**32 - 1)
+
+
+@pytest.mark.parametrize(
+    ("name", "values"),
+    [
+        ("temperature", FLOATS),
+        ("top_p", FLOATS),
+        ("min_p", FLOATS),
+        ("presence_penalty", FLOATS),
+        ("frequency_penalty", FLOATS),
+        ("repetition_penalty", FLOATS),
+        ("top_k", st.integers(-(2**31), 2**31 - 1)),
+        ("min_tokens", st.integers(0, 2**32 - 1)),
+        ("max_tokens", st.integers(0, 2**32 - 1)),
+        ("stream_interval", st.integers(0, 2**32 - 1)),
+    ],
+)
+@given(data=st.data())
+@settings(deadline=None)  # the first example imports vLLM
+def test_what_validation_accepts_the_engine_takes(
+    name: str, values: st.SearchStrategy[Any], data: st.DataObject
+) -> None:
+    """No bound of vLLM's SamplingParams is wider in mmgate: a value validation lets through
+    never fails in the engine, where it would be an internal error."""
+    value = data.draw(values, label=name)
+    request = pb.GenerateRequest(prompt="Hi", sampling=pb.SamplingParams(**{name: value}))
+    try:
+        checked = validate(request, SETTINGS, max_model_len=MAX_MODEL_LEN, vocab_size=VOCAB)
+    except InvalidRequest:
+        return
+    vllm_sampling(checked.sampling)  # raises on a value vLLM refuses
+
+
+def test_a_bound_only_the_engine_knows_is_still_the_callers_mistake() -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        vllm_sampling(Sampling(max_tokens=8, temperature=3.0))
+    (violation,) = caught.value.violations
+    assert violation.field == "sampling.temperature"
+    assert "Error" not in violation.description

@@ -30,6 +30,7 @@ class PacedEngine:
 
     model_name = "paced"
     max_model_len = 64
+    vocab_size = 256
     ready = True
     tokenizer = Tokenizer()
 

@@ -24,43 +24,53 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(services/proto/mmgate/v1/inference.proto\x12\tmmgate.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"0\n\x04\x43hat\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.mmgate.v1.ChatMessage\"\xe2\x03\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x1d\n\x10presence_penalty\x18\x07 \x01(\x02H\x05\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x08 \x01(\x02H\x06\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\t \x01(\x02H\x07\x88\x01\x01\x12\x12\n\x05min_p\x18\n \x01(\x02H\x08\x88\x01\x01\x12\x17\n\nignore_eos\x18\x0b \x01(\x08H\t\x88\x01\x01\x12\x1c\n\x0fstream_interval\x18\x0c \x01(\rH\n\x88\x01\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penaltyB\x08\n\x06_min_pB\r\n\x0b_ignore_eosB\x12\n\x10_stream_interval\"F\n\x05Image\x12\x0e\n\x04\x64\x61ta\x18\x01 \x01(\x0cH\x00\x12\x10\n\x06\x64igest\x18\x02 \x01(\tH\x00\x12\x11\n\tmime_type\x18\x03 \x01(\tB\x08\n\x06source\"\xde\x01\n\x0fGenerateRequest\x12\x10\n\x06prompt\x18\x01 \x01(\tH\x00\x12\x1f\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x0f.mmgate.v1.ChatH\x00\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.mmgate.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12,\n\x0c\x63\x61\x63he_policy\x18\x05 \x01(\x0e\x32\x16.mmgate.v1.CachePolicy\x12 \n\x06images\x18\x06 \x03(\x0b\x32\x10.mmgate.v1.ImageB\x07\n\x05input\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\"Y\n\x0b\x43\x61\x63heLookup\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x0f\n\x07outcome\x18\x03 \x01(\t\x12\x0c\n\x04tier\x18\x04 \x01(\t\x12\x0f\n\x07wait_ms\x18\x05 \x01(\x01\"J\n\x0bImageReport\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x0f\n\x07outcome\x18\x02 \x01(\t\x12\x0c\n\x04tier\x18\x03 \x01(\t\x12\x0c\n\x04\x66orm\x18\x04 \x01(\t\"\x99\x01\n\x0b\x43\x61\x63heReport\x12\'\n\x07lookups\x18\x01 \x03(\x0b\x32\x16.mmgate.v1.CacheLookup\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x02 \x01(\r\x12\x1b\n\x13response_from_cache\x18\x03 \x01(\x08\x12&\n\x06images\x18\x04 \x03(\x0b\x32\x16.mmgate.v1.ImageReport\"-\n\nTokenDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\"\xaa\x01\n\rGenerateFinal\x12.\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x17.mmgate.v1.FinishReason\x12\x1f\n\x05usage\x18\x02 \x01(\x0b\x32\x10.mmgate.v1.Usage\x12%\n\x05\x63\x61\x63he\x18\x03 \x01(\x0b\x32\x16.mmgate.v1.CacheReport\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\"n\n\x10GenerateResponse\x12&\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32\x15.mmgate.v1.TokenDeltaH\x00\x12)\n\x05\x66inal\x18\x02 \x01(\x0b\x32\x18.mmgate.v1.GenerateFinalH\x00\x42\x07\n\x05\x65vent\"\\\n\x10\x43ompleteResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\'\n\x05\x66inal\x18\x03 \x01(\x0b\x32\x18.mmgate.v1.GenerateFinal*_\n\x0b\x43\x61\x63hePolicy\x12\x1c\n\x18\x43\x41\x43HE_POLICY_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43\x41\x43HE_POLICY_RESPONSE\x10\x01\x12\x17\n\x13\x43\x41\x43HE_POLICY_BYPASS\x10\x02*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\x97\x01\n\tInference\x12\x45\n\x08Generate\x12\x1a.mmgate.v1.GenerateRequest\x1a\x1b.mmgate.v1.GenerateResponse0\x01\x12\x43\n\x08\x43omplete\x12\x1a.mmgate.v1.GenerateRequest\x1a\x1b.mmgate.v1.CompleteResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(services/proto/mmgate/v1/inference.proto\x12\tmmgate.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"0\n\x04\x43hat\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.mmgate.v1.ChatMessage\"\xd4\x06\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x1d\n\x10presence_penalty\x18\x07 \x01(\x02H\x05\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x08 \x01(\x02H\x06\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\t \x01(\x02H\x07\x88\x01\x01\x12\x12\n\x05min_p\x18\n \x01(\x02H\x08\x88\x01\x01\x12\x17\n\nignore_eos\x18\x0b \x01(\x08H\t\x88\x01\x01\x12\x1c\n\x0fstream_interval\x18\x0c \x01(\rH\n\x88\x01\x01\x12\x17\n\nmin_tokens\x18\r \x01(\rH\x0b\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x0e \x03(\r\x12\'\n\x1ainclude_stop_str_in_output\x18\x0f \x01(\x08H\x0c\x88\x01\x01\x12 \n\x13skip_special_tokens\x18\x10 \x01(\x08H\r\x88\x01\x01\x12<\n\nlogit_bias\x18\x11 \x03(\x0b\x32(.mmgate.v1.SamplingParams.LogitBiasEntry\x12#\n\x16truncate_prompt_tokens\x18\x12 \x01(\rH\x0e\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penaltyB\x08\n\x06_min_pB\r\n\x0b_ignore_eosB\x12\n\x10_stream_intervalB\r\n\x0b_min_tokensB\x1d\n\x1b_include_stop_str_in_outputB\x16\n\x14_skip_special_tokensB\x19\n\x17_truncate_prompt_tokens\"F\n\x05Image\x12\x0e\n\x04\x64\x61ta\x18\x01 \x01(\x0cH\x00\x12\x10\n\x06\x64igest\x18\x02 \x01(\tH\x00\x12\x11\n\tmime_type\x18\x03 \x01(\tB\x08\n\x06source\"\xde\x01\n\x0fGenerateRequest\x12\x10\n\x06prompt\x18\x01 \x01(\tH\x00\x12\x1f\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x0f.mmgate.v1.ChatH\x00\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.mmgate.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12,\n\x0c\x63\x61\x63he_policy\x18\x05 \x01(\x0e\x32\x16.mmgate.v1.CachePolicy\x12 \n\x06images\x18\x06 \x03(\x0b\x32\x10.mmgate.v1.ImageB\x07\n\x05input\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\"Y\n\x0b\x43\x61\x63heLookup\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x0f\n\x07outcome\x18\x03 \x01(\t\x12\x0c\n\x04tier\x18\x04 \x01(\t\x12\x0f\n\x07wait_ms\x18\x05 \x01(\x01\"J\n\x0bImageReport\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x0f\n\x07outcome\x18\x02 \x01(\t\x12\x0c\n\x04tier\x18\x03 \x01(\t\x12\x0c\n\x04\x66orm\x18\x04 \x01(\t\"\x99\x01\n\x0b\x43\x61\x63heReport\x12\'\n\x07lookups\x18\x01 \x03(\x0b\x32\x16.mmgate.v1.CacheLookup\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x02 \x01(\r\x12\x1b\n\x13response_from_cache\x18\x03 \x01(\x08\x12&\n\x06images\x18\x04 \x03(\x0b\x32\x16.mmgate.v1.ImageReport\"-\n\nTokenDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\"\xaa\x01\n\rGenerateFinal\x12.\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x17.mmgate.v1.FinishReason\x12\x1f\n\x05usage\x18\x02 \x01(\x0b\x32\x10.mmgate.v1.Usage\x12%\n\x05\x63\x61\x63he\x18\x03 \x01(\x0b\x32\x16.mmgate.v1.CacheReport\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\"n\n\x10GenerateResponse\x12&\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32\x15.mmgate.v1.TokenDeltaH\x00\x12)\n\x05\x66inal\x18\x02 \x01(\x0b\x32\x18.mmgate.v1.GenerateFinalH\x00\x42\x07\n\x05\x65vent\"\\\n\x10\x43ompleteResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\'\n\x05\x66inal\x18\x03 \x01(\x0b\x32\x18.mmgate.v1.GenerateFinal\"\x15\n\x13GetModelInfoRequest\"\xf5\x01\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\r\x12\x19\n\x0c\x62os_token_id\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x14\n\x0ctakes_images\x18\x06 \x01(\x08\x12\x12\n\nmedia_mode\x18\x07 \x01(\t\x12\x19\n\x11has_chat_template\x18\x08 \x01(\x08\x12&\n\x06limits\x18\t \x01(\x0b\x32\x16.mmgate.v1.ModelLimitsB\x0f\n\r_bos_token_id\"\xbb\x01\n\x0bModelLimits\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x12\n\nmax_images\x18\x02 \x01(\r\x12\x1b\n\x13min_stream_interval\x18\x03 \x01(\r\x12\x19\n\x11max_message_bytes\x18\x04 \x01(\x04\x12\x18\n\x10max_stop_strings\x18\x05 \x01(\r\x12\x1a\n\x12max_stop_token_ids\x18\x06 \x01(\r\x12\x16\n\x0emax_logit_bias\x18\x07 \x01(\r*_\n\x0b\x43\x61\x63hePolicy\x12\x1c\n\x18\x43\x41\x43HE_POLICY_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43\x41\x43HE_POLICY_RESPONSE\x10\x01\x12\x17\n\x13\x43\x41\x43HE_POLICY_BYPASS\x10\x02*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xdd\x01\n\tInference\x12\x45\n\x08Generate\x12\x1a.mmgate.v1.GenerateRequest\x1a\x1b.mmgate.v1.GenerateResponse0\x01\x12\x43\n\x08\x43omplete\x12\x1a.mmgate.v1.GenerateRequest\x1a\x1b.mmgate.v1.CompleteResponse\x12\x44\n\x0cGetModelInfo\x12\x1e.mmgate.v1.GetModelInfoRequest\x1a\x14.mmgate.v1.ModelInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'services.proto.mmgate.v1.inference_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CACHEPOLICY']._serialized_start=1771
-  _globals['_CACHEPOLICY']._serialized_end=1866
-  _globals['_FINISHREASON']._serialized_start=1868
-  _globals['_FINISHREASON']._serialized_end=1988
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
+  _globals['_CACHEPOLICY']._serialized_start=2602
+  _globals['_CACHEPOLICY']._serialized_end=2697
+  _globals['_FINISHREASON']._serialized_start=2699
+  _globals['_FINISHREASON']._serialized_end=2819
   _globals['_CHATMESSAGE']._serialized_start=55
   _globals['_CHATMESSAGE']._serialized_end=99
   _globals['_CHAT']._serialized_start=101
   _globals['_CHAT']._serialized_end=149
   _globals['_SAMPLINGPARAMS']._serialized_start=152
-  _globals['_SAMPLINGPARAMS']._serialized_end=634
-  _globals['_IMAGE']._serialized_start=636
-  _globals['_IMAGE']._serialized_end=706
-  _globals['_GENERATEREQUEST']._serialized_start=709
-  _globals['_GENERATEREQUEST']._serialized_end=931
-  _globals['_USAGE']._serialized_start=933
-  _globals['_USAGE']._serialized_end=1020
-  _globals['_CACHELOOKUP']._serialized_start=1022
-  _globals['_CACHELOOKUP']._serialized_end=1111
-  _globals['_IMAGEREPORT']._serialized_start=1113
-  _globals['_IMAGEREPORT']._serialized_end=1187
-  _globals['_CACHEREPORT']._serialized_start=1190
-  _globals['_CACHEREPORT']._serialized_end=1343
-  _globals['_TOKENDELTA']._serialized_start=1345
-  _globals['_TOKENDELTA']._serialized_end=1390
-  _globals['_GENERATEFINAL']._serialized_start=1393
-  _globals['_GENERATEFINAL']._serialized_end=1563
-  _globals['_GENERATERESPONSE']._serialized_start=1565
-  _globals['_GENERATERESPONSE']._serialized_end=1675
-  _globals['_COMPLETERESPONSE']._serialized_start=1677
-  _globals['_COMPLETERESPONSE']._serialized_end=1769
-  _globals['_INFERENCE']._serialized_start=1991
-  _globals['_INFERENCE']._serialized_end=2142
+  _globals['_SAMPLINGPARAMS']._serialized_end=1004
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=688
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=736
+  _globals['_IMAGE']._serialized_start=1006
+  _globals['_IMAGE']._serialized_end=1076
+  _globals['_GENERATEREQUEST']._serialized_start=1079
+  _globals['_GENERATEREQUEST']._serialized_end=1301
+  _globals['_USAGE']._serialized_start=1303
+  _globals['_USAGE']._serialized_end=1390
+  _globals['_CACHELOOKUP']._serialized_start=1392
+  _globals['_CACHELOOKUP']._serialized_end=1481
+  _globals['_IMAGEREPORT']._serialized_start=1483
+  _globals['_IMAGEREPORT']._serialized_end=1557
+  _globals['_CACHEREPORT']._serialized_start=1560
+  _globals['_CACHEREPORT']._serialized_end=1713
+  _globals['_TOKENDELTA']._serialized_start=1715
+  _globals['_TOKENDELTA']._serialized_end=1760
+  _globals['_GENERATEFINAL']._serialized_start=1763
+  _globals['_GENERATEFINAL']._serialized_end=1933
+  _globals['_GENERATERESPONSE']._serialized_start=1935
+  _globals['_GENERATERESPONSE']._serialized_end=2045
+  _globals['_COMPLETERESPONSE']._serialized_start=2047
+  _globals['_COMPLETERESPONSE']._serialized_end=2139
+  _globals['_GETMODELINFOREQUEST']._serialized_start=2141
+  _globals['_GETMODELINFOREQUEST']._serialized_end=2162
+  _globals['_MODELINFO']._serialized_start=2165
+  _globals['_MODELINFO']._serialized_end=2410
+  _globals['_MODELLIMITS']._serialized_start=2413
+  _globals['_MODELLIMITS']._serialized_end=2600
+  _globals['_INFERENCE']._serialized_start=2822
+  _globals['_INFERENCE']._serialized_end=3043
 # @@protoc_insertion_point(module_scope)

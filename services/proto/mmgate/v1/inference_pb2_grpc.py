@@ -44,6 +44,11 @@ class InferenceStub:
                 request_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.CompleteResponse.FromString,
                 _registered_method=True)
+        self.GetModelInfo = channel.unary_unary(
+                '/mmgate.v1.Inference/GetModelInfo',
+                request_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.GetModelInfoRequest.SerializeToString,
+                response_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.ModelInfo.FromString,
+                _registered_method=True)
 
 
 class InferenceServicer:
@@ -63,6 +68,13 @@ class InferenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetModelInfo(self, request, context):
+        """The served model and the server's limits.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -75,6 +87,11 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.Complete,
                     request_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.GenerateRequest.FromString,
                     response_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.CompleteResponse.SerializeToString,
+            ),
+            'GetModelInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetModelInfo,
+                    request_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.GetModelInfoRequest.FromString,
+                    response_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.ModelInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -131,6 +148,33 @@ class Inference:
             '/mmgate.v1.Inference/Complete',
             services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
             services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.CompleteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetModelInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mmgate.v1.Inference/GetModelInfo',
+            services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.GetModelInfoRequest.SerializeToString,
+            services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.ModelInfo.FromString,
             options,
             channel_credentials,
             insecure,
