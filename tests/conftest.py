@@ -5,6 +5,7 @@ tests in more than one package share, and the order that lets a test end a share
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from services.engine.worker import EngineWorker
 from services.models import build_tiny_llava
 from tests.redis_support import RedisProcess, redis_server
 from tests.replicas import Replicas
-from tests.support import ENGINE_STARTS
+from tests.support import ENGINE_STARTS, LLAVA_GRACE_SECONDS, RunningServer, start_server
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -52,6 +53,35 @@ def shared_replicas(
         yield group
     finally:
         group.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_llava(tmp_path_factory.mktemp("models") / "tiny-llava")
+
+
+@pytest.fixture(scope="session")
+def llava_server(
+    tmp_path_factory: pytest.TempPathFactory, tiny_llava: Path
+) -> Iterator[RunningServer]:
+    """The tiny LLaVA in pixels mode: the load, hostile-input and drain suites' server, and the
+    client's image tests'; the drain suite, last (``ends_server``), ends it."""
+    running = start_server(
+        tmp_path_factory.mktemp("llava"),
+        str(tiny_llava),
+        MMGATE_ENGINE__MAX_MODEL_LEN="512",
+        MMGATE_ENGINE__DTYPE="float32",
+        MMGATE_MEDIA__MODE="pixels",
+        MMGATE_SHUTDOWN_GRACE_SECONDS=str(LLAVA_GRACE_SECONDS),
+        # caches small enough to fill, and evict, within the long load: memory that still grows
+        # past them is a leak (with the defaults, 512 MiB and vLLM's 4 GiB processor cache fill
+        # for hours and the long load's RSS rose 14-16%)
+        MMGATE_CACHE__MAX_BYTES=str(32 * 2**20),
+        MMGATE_ENGINE__EXTRA='{"mm_processor_cache_gb": 0.03}',
+    )
+    yield running
+    if running.process.poll() is None:  # the drain suite did not run (or failed before)
+        assert running.stop() == 0, running.log()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -138,6 +138,8 @@ ROOT = Path(__file__).resolve().parents[1]
 ENGINE_STARTS: Counter[str] = Counter()
 START_TIMEOUT = 240.0
 STOP_TIMEOUT = 90.0
+# the shared tiny LLaVA server's shutdown grace (tests/conftest.py), which the drain suite measures
+LLAVA_GRACE_SECONDS = 30
 MiB = 1024 * 1024
 
 

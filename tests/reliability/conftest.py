@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from services.models import build_tiny_llava
 from tests.redis_support import RedisProcess, redis_server
+from tests.support import LLAVA_GRACE_SECONDS as GRACE_SECONDS
 from tests.support import ROOT, RunningServer, engine_core, start_server
 
 SOAK = os.environ.get("MMGATE_SOAK") == "1"
@@ -33,8 +33,6 @@ def record(suite: str, result: dict[str, object]) -> None:
     result = {"suite": suite, "form": "soak" if SOAK else "short", **result}
     (RESULTS / f"{suite}.json").write_text(json.dumps(result, indent=2) + "\n")
 
-
-GRACE_SECONDS = 30
 
 StallResults = dict[str, dict[str, Any]]
 
@@ -68,34 +66,6 @@ LOOP_RECOVER_SECONDS = 1.0
 FLIGHT_STALL_SECONDS = 1.0
 COMPUTE_DEADLINE_SECONDS = 4.0
 HEALTH_INTERVAL_SECONDS = 0.2
-
-
-@pytest.fixture(scope="session")
-def tiny_llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_llava(tmp_path_factory.mktemp("models") / "tiny-llava")
-
-
-@pytest.fixture(scope="session")
-def llava_server(
-    tmp_path_factory: pytest.TempPathFactory, tiny_llava: Path
-) -> Iterator[RunningServer]:
-    """The load, hostile-input and drain suites' server; the drain suite, last, ends it."""
-    running = start_server(
-        tmp_path_factory.mktemp("reliability"),
-        str(tiny_llava),
-        MMGATE_ENGINE__MAX_MODEL_LEN="512",
-        MMGATE_ENGINE__DTYPE="float32",
-        MMGATE_MEDIA__MODE="pixels",
-        MMGATE_SHUTDOWN_GRACE_SECONDS=str(GRACE_SECONDS),
-        # caches small enough to fill, and evict, within the long load: memory that still grows
-        # past them is a leak (with the defaults, 512 MiB and vLLM's 4 GiB processor cache fill
-        # for hours and the long load's RSS rose 14-16%)
-        MMGATE_CACHE__MAX_BYTES=str(32 * 2**20),
-        MMGATE_ENGINE__EXTRA='{"mm_processor_cache_gb": 0.03}',
-    )
-    yield running
-    if running.process.poll() is None:  # the drain suite did not run (or failed before)
-        assert running.stop() == 0, running.log()
 
 
 @pytest.fixture(scope="session")

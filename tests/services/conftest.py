@@ -1,19 +1,30 @@
 """Real servers for the service tests: `mmgate serve` in a child process, real vLLM, loopback gRPC.
 
 One server on the tiny test model serves the whole session (engine start takes seconds), and the
-shutdown test, last, stops it; tests that need other settings or the real default model start
-their own.
+shutdown test, last, stops it; one in this process on the tiny LLaVA (tests/services/in_process.py)
+serves the pipeline, tracing and health tests; tests that need other settings or the real default
+model start their own.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
+import pytest_asyncio
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from services.api.server import MmgateServer
 from services.client import MmgateClient
-from services.models import build_tiny_model
+from services.config import Settings
+from services.models import build_tiny_model, engine_settings
+from services.observability.tracing import Tracing
 from tests.support import RunningServer, start_server
+
+from .in_process import TRACED_SERVICE, InProcess, SpanWatch, start_watched
+from .otlp_receiver import OtlpReceiver
 
 
 @pytest.fixture(scope="session")
@@ -41,3 +52,45 @@ def server(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 async def client(server: RunningServer) -> AsyncIterator[MmgateClient]:
     async with server.client(timeout=60.0) as client:
         yield client
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def receiver() -> AsyncIterator[OtlpReceiver]:
+    running = OtlpReceiver()
+    await running.start()
+    try:
+        yield running
+    finally:
+        await running.stop()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def llava_in_process(tiny_llava: Path, receiver: OtlpReceiver) -> AsyncIterator[InProcess]:
+    """The tiny LLaVA in embeddings mode in this process, tracing into memory and to
+    ``receiver``; its tests run in the session's event loop."""
+    settings = Settings(
+        port=0,
+        engine=engine_settings(tiny_llava),
+        metrics={"port": 0},
+        tracing={
+            "endpoint": f"127.0.0.1:{receiver.port}",
+            "protocol": "grpc",
+            "service_name": TRACED_SERVICE,
+        },
+        max_concurrent_requests=16,
+        # one decode at a time: a burst of large images queues there (and only there)
+        threads={"decode": 1},
+        # the session's loop stands still while tests of other loops run: that is no block of
+        # this server's loop for its health to report
+        health={"loop_block_seconds": 3600},
+    )
+    exporter = InMemorySpanExporter()
+    watch = SpanWatch(exporter)
+    # environ={}: this machine's OTEL_* variables have no say in the test
+    tracing = Tracing(settings, span_processors=[SimpleSpanProcessor(exporter), watch], environ={})
+    running = MmgateServer(settings, model=str(tiny_llava), tracing=tracing)
+    try:
+        startup = await start_watched(running)
+        yield InProcess(running, exporter, watch, receiver, startup)
+    finally:
+        await running.stop(grace=5)

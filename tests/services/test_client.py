@@ -23,7 +23,7 @@ from services.client import MmgateClient, SyncClient, build_request, digest_of
 from services.client.requests import affinity_of
 from services.proto.mmgate.v1 import inference_pb2 as pb
 from services.wire import AFFINITY_HEADER
-from tests.support import RunningServer, start_server
+from tests.support import RunningServer
 
 from .imagegen import png
 
@@ -146,8 +146,10 @@ def test_a_text_model_refuses_prefetch(server: RunningServer) -> None:
 # --- images, on a vision model -------------------------------------------------------------
 
 
-def build_tiny_llava(path: Path) -> Path:
-    """The tiny LLaVA, built by a child process: its CLI's current name, else its next one."""
+def test_the_cli_builds_the_tiny_llava(tmp_path: Path) -> None:
+    """The model the image tests use, built as a user would: the CLI's current name, else its
+    next one."""
+    path = tmp_path / "tiny-llava"
     mmgate = Path(sys.executable).with_name("mmgate")
     commands = [[sys.executable, "-m", "services.models", "tiny-llava", str(path)]]
     if mmgate.exists():
@@ -156,23 +158,10 @@ def build_tiny_llava(path: Path) -> Path:
     for command in commands:
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
         if done.returncode == 0:
-            return path
+            assert (path / "config.json").exists()
+            return
         failures.append(f"{' '.join(command[1:])}: exit {done.returncode}\n{done.stderr[-2000:]}")
     raise AssertionError("could not build the tiny LLaVA:\n" + "\n".join(failures))
-
-
-@pytest.fixture(scope="module")
-def vision_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    model = build_tiny_llava(tmp_path_factory.mktemp("models") / "tiny-llava")
-    running = start_server(
-        tmp_path_factory.mktemp("logs"),
-        str(model),
-        MMGATE_ENGINE__MAX_MODEL_LEN="512",
-        MMGATE_ENGINE__KV_CACHE_MEMORY_BYTES=str(128 * 1024 * 1024),
-        MMGATE_ENGINE__DTYPE="float32",
-    )
-    yield running
-    assert running.stop() == 0, running.log()
 
 
 def sources(request: pb.GenerateRequest) -> list[str]:
@@ -220,9 +209,9 @@ class AioRecorder(grpc.aio.UnaryStreamClientInterceptor):
 
 
 @pytest.fixture
-def recorded(vision_server: RunningServer) -> Iterator[tuple[SyncClient, Recorder]]:
+def recorded(llava_server: RunningServer) -> Iterator[tuple[SyncClient, Recorder]]:
     recorder = Recorder()
-    channel = grpc.intercept_channel(grpc.insecure_channel(vision_server.target), recorder)
+    channel = grpc.intercept_channel(grpc.insecure_channel(llava_server.target), recorder)
     with SyncClient(timeout=60.0, channel=channel) as client:
         yield client, recorder
 
@@ -275,18 +264,19 @@ def test_prefetch_then_by_digest_only(recorded: tuple[SyncClient, Recorder]) -> 
     client, recorder = recorded
     data = png(503)
     warmed = client.prefetch(data)
-    assert (warmed.digest, warmed.outcome, warmed.form) == (digest_of(data), "miss", "embeddings")
+    # the session's tiny LLaVA runs in pixels mode: the decoded image is what mmgate holds
+    assert (warmed.digest, warmed.outcome, warmed.form) == (digest_of(data), "miss", "pixels")
     seen = client.inspect(digest=warmed.digest)
-    assert {s.stage: s.state for s in seen.stages} == {"image": "stored", "embedding": "stored"}
+    assert {s.stage: s.state for s in seen.stages} == {"image": "stored"}
     answer = client.complete("<image> What is this?", images=[data], max_tokens=4)
     assert answer.final.cache.images[0].outcome == "hit"
     assert recorder.sent == [["digest"]]
 
 
-async def test_the_async_stream_resends_the_bytes(vision_server: RunningServer) -> None:
+async def test_the_async_stream_resends_the_bytes(llava_server: RunningServer) -> None:
     # test_images covers MmgateClient.complete_request's resend; this is its Generate stream
     recorder = AioRecorder()
-    channel = grpc.aio.insecure_channel(vision_server.target, interceptors=[recorder])
+    channel = grpc.aio.insecure_channel(llava_server.target, interceptors=[recorder])
     async with MmgateClient(timeout=60.0, channel=channel) as client:
         data = png(504)
         first = await client.complete_request(ask(data))

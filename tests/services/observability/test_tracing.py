@@ -1,6 +1,6 @@
-"""Traces end to end: a real mmgate server in this process on the tiny LLaVA model, real gRPC over
-loopback, spans read from the SDK's in-memory exporter and, once, from a real OTLP receiver the
-server exports to over gRPC.
+"""Traces end to end: the session's mmgate server in this process on the tiny LLaVA model
+(tests/services/in_process.py), real gRPC over loopback, spans read from the SDK's in-memory
+exporter and, once, from a real OTLP receiver the server exports to over gRPC.
 
 Each request carries a client traceparent with a fresh trace id: its spans are the ones of that
 trace, whatever other tests left behind.
@@ -13,120 +13,41 @@ import io
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 import pytest_asyncio
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
-from services.api.server import MmgateServer
 from services.client import MmgateClient, build_request
-from services.config import Settings
-from services.models import build_tiny_llava, engine_settings
 from services.observability.logs import JsonFormatter, TraceContextFilter
-from services.observability.spans import flush_pending
-from services.observability.tracing import Tracing
 from services.pipeline.media import decode
 from services.pipeline.media import stages as media_stages
 from services.proto.mmgate.v1 import inference_pb2 as pb
 from services.wire import digest_of
 
 from ..imagegen import png
-from ..otlp_receiver import OtlpReceiver
+from ..in_process import TRACED_SERVICE, InProcess, finished
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-SERVICE = "mmgate-tracing-test"
+SERVICE = TRACED_SERVICE
 COMPLETE = "/mmgate.v1.Inference/Complete"
 GENERATE = "/mmgate.v1.Inference/Generate"
 
 
-def finished(exporter: InMemorySpanExporter) -> tuple[ReadableSpan, ...]:
-    """The spans ended so far, the deferred ends included (spans.later)."""
-    flush_pending()
-    return exporter.get_finished_spans()
+@pytest.fixture
+def traced(llava_in_process: InProcess) -> InProcess:
+    """The session's in-process server (tests/services/in_process.py), tracing into memory."""
+    return llava_in_process
 
 
-class SpanWatch(SpanProcessor):
-    """Wakes the test when a span ends (in any thread)."""
-
-    def __init__(self, exporter: InMemorySpanExporter) -> None:
-        self.exporter = exporter
-        self.loop = asyncio.get_running_loop()
-        self.ended = asyncio.Event()
-
-    def on_end(self, span: ReadableSpan) -> None:
-        self.loop.call_soon_threadsafe(self.ended.set)
-
-    async def until(
-        self, found: Callable[[tuple[ReadableSpan, ...]], Any], timeout: float = 60.0
-    ) -> Any:
-        """What ``found`` returns for the spans ended so far, once it is truthy."""
-        async with asyncio.timeout(timeout):
-            while True:
-                self.ended.clear()
-                if result := found(finished(self.exporter)):
-                    return result
-                await self.ended.wait()
-
-
-@dataclass(frozen=True)
-class Traced:
-    server: MmgateServer
-    exporter: InMemorySpanExporter
-    watch: SpanWatch
-    receiver: OtlpReceiver
-
-
-@pytest.fixture(scope="module")
-def llava_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_llava(tmp_path_factory.mktemp("models") / "tiny-llava")
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def receiver() -> AsyncIterator[OtlpReceiver]:
-    running = OtlpReceiver()
-    await running.start()
-    try:
-        yield running
-    finally:
-        await running.stop()
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def traced(llava_model: Path, receiver: OtlpReceiver) -> AsyncIterator[Traced]:
-    settings = Settings(
-        port=0,
-        engine=engine_settings(llava_model),
-        metrics={"port": 0},
-        tracing={
-            "endpoint": f"127.0.0.1:{receiver.port}",
-            "protocol": "grpc",
-            "service_name": SERVICE,
-        },
-        max_concurrent_requests=16,
-    )
-    exporter = InMemorySpanExporter()
-    watch = SpanWatch(exporter)
-    # environ={}: this machine's OTEL_* variables have no say in the test
-    tracing = Tracing(settings, span_processors=[SimpleSpanProcessor(exporter), watch], environ={})
-    running = MmgateServer(settings, model=str(llava_model), tracing=tracing)
-    try:
-        await running.start()
-        yield Traced(running, exporter, watch, receiver)
-    finally:
-        await running.stop(grace=5)
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def client(traced: Traced) -> AsyncIterator[MmgateClient]:
+@pytest_asyncio.fixture(loop_scope="session")
+async def client(traced: InProcess) -> AsyncIterator[MmgateClient]:
     async with MmgateClient(f"127.0.0.1:{traced.server.port}", timeout=60.0) as client:
         yield client
 
@@ -186,7 +107,7 @@ def attrs(span: ReadableSpan) -> dict[str, Any]:
 
 
 async def spans_of(
-    traced: Traced, trace_id: str, *names: str, count: int = 1
+    traced: InProcess, trace_id: str, *names: str, count: int = 1
 ) -> list[ReadableSpan]:
     """The trace's spans once ``count`` spans of each of ``names`` have ended."""
 
@@ -249,7 +170,9 @@ def assert_image_tree(nodes: list[Node], client: ClientSpan, model: str) -> dict
 # ── in memory ────────────────────────────────────────────────────────────────────────────────
 
 
-async def test_an_image_request_makes_one_span_tree(traced: Traced, client: MmgateClient) -> None:
+async def test_an_image_request_makes_one_span_tree(
+    traced: InProcess, client: MmgateClient
+) -> None:
     caller = client_span()
     request = ask(png(901), request_id="traced-901")
     response = await client.inference.Complete(request, metadata=caller.metadata, timeout=60)
@@ -287,7 +210,7 @@ async def test_an_image_request_makes_one_span_tree(traced: Traced, client: Mmga
 
 
 async def test_a_coalesced_lookup_links_to_the_leaders_span(
-    traced: Traced, client: MmgateClient
+    traced: InProcess, client: MmgateClient
 ) -> None:
     data = png(902)
     callers = [client_span(), client_span()]
@@ -318,7 +241,9 @@ async def test_a_coalesced_lookup_links_to_the_leaders_span(
     assert not [n for n in everything if n.parent_id == follower.span_id]
 
 
-async def test_a_hit_is_a_lookup_span_with_its_tier(traced: Traced, client: MmgateClient) -> None:
+async def test_a_hit_is_a_lookup_span_with_its_tier(
+    traced: InProcess, client: MmgateClient
+) -> None:
     data = png(903)
     await client.complete_request(ask(data))
     caller = client_span()
@@ -337,7 +262,7 @@ async def test_a_hit_is_a_lookup_span_with_its_tier(traced: Traced, client: Mmga
 
 
 async def test_a_shared_response_runs_the_engine_under_its_lookup(
-    traced: Traced, client: MmgateClient
+    traced: InProcess, client: MmgateClient
 ) -> None:
     caller = client_span()
     request = ask(text=f"Share {secrets.token_hex(4)}", cache_policy="response")
@@ -353,7 +278,7 @@ async def test_a_shared_response_runs_the_engine_under_its_lookup(
     assert node(one(spans, "text_completion tiny-llava")).parent_id == response.span_id
 
 
-async def test_health_checks_are_not_traced(traced: Traced, client: MmgateClient) -> None:
+async def test_health_checks_are_not_traced(traced: InProcess, client: MmgateClient) -> None:
     assert await client.health() == 1  # SERVING
     caller = client_span()
     # a traced call after it: its span ends before its answer, so the health span would have too
@@ -370,7 +295,7 @@ def pb_stats_request() -> Any:
 
 
 async def test_a_clients_unsampled_trace_is_not_recorded(
-    traced: Traced, client: MmgateClient
+    traced: InProcess, client: MmgateClient
 ) -> None:
     unsampled, sampled = client_span(sampled=False), client_span()
     await client.cache.GetStats(pb_stats_request(), metadata=unsampled.metadata, timeout=30)
@@ -380,7 +305,7 @@ async def test_a_clients_unsampled_trace_is_not_recorded(
 
 
 async def test_invalid_argument_is_an_error_with_its_code(
-    traced: Traced, client: MmgateClient
+    traced: InProcess, client: MmgateClient
 ) -> None:
     caller = client_span()
     request = ask(text="hello", top_p=7.0)  # impossible sampling
@@ -394,7 +319,7 @@ async def test_invalid_argument_is_an_error_with_its_code(
     assert server.attributes["rpc.grpc.status_code"] == grpc.StatusCode.INVALID_ARGUMENT.value[0]
 
 
-async def test_a_cancelled_stream_ends_cancelled(traced: Traced, client: MmgateClient) -> None:
+async def test_a_cancelled_stream_ends_cancelled(traced: InProcess, client: MmgateClient) -> None:
     caller = client_span()
     client.metadata = caller.metadata
     request = ask(text="Long story", max_tokens=400, ignore_eos=True)
@@ -414,7 +339,7 @@ async def test_a_cancelled_stream_ends_cancelled(traced: Traced, client: MmgateC
 
 
 async def test_a_deadline_exceeded_stream_ends_deadline_exceeded(
-    traced: Traced, client: MmgateClient
+    traced: InProcess, client: MmgateClient
 ) -> None:
     caller = client_span()
     client.metadata = caller.metadata
@@ -432,7 +357,7 @@ async def test_a_deadline_exceeded_stream_ends_deadline_exceeded(
 
 
 async def test_vllm_is_handed_the_engine_spans_context(
-    traced: Traced, client: MmgateClient, monkeypatch: pytest.MonkeyPatch
+    traced: InProcess, client: MmgateClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = traced.server.engine
     vllm = engine._engine
@@ -457,7 +382,7 @@ async def test_vllm_is_handed_the_engine_spans_context(
 
 
 async def test_a_log_record_carries_the_trace_and_span_ids(
-    traced: Traced, client: MmgateClient, monkeypatch: pytest.MonkeyPatch
+    traced: InProcess, client: MmgateClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lines = io.StringIO()
     handler = logging.StreamHandler(lines)
@@ -502,7 +427,7 @@ async def test_a_log_record_carries_the_trace_and_span_ids(
 
 
 async def test_an_image_requests_spans_reach_an_otlp_receiver(
-    traced: Traced, client: MmgateClient
+    traced: InProcess, client: MmgateClient
 ) -> None:
     caller = client_span()
     response = await client.inference.Complete(ask(png(905)), metadata=caller.metadata, timeout=60)

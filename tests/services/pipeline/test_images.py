@@ -1,6 +1,6 @@
 """Images end to end: a real mmgate server in this process (so a test can reach into its media
-pipeline), the real vLLM engine on the tiny LLaVA model, real gRPC over loopback; the package's
-server, which test_placeholder_tokens shares."""
+pipeline), the real vLLM engine on the tiny LLaVA model, real gRPC over loopback; the session's
+in-process server, which the tracing and health tests share."""
 
 from __future__ import annotations
 
@@ -27,18 +27,18 @@ from ..imagegen import corrupt_png, large_png, png, png_bomb, variant
 from ..prom import promtool_problems, scrape
 from ..reentering import ReEntering
 
-pytestmark = pytest.mark.asyncio(loop_scope="package")
+pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 IMAGE_TOKENS = 16  # 56x56 pixels in 14-pixel patches
 
 
 @pytest.fixture
 def server(embeddings_server: MmgateServer) -> MmgateServer:
-    """The package's in-process server (tests/services/pipeline/conftest.py)."""
+    """The session's in-process server (tests/services/in_process.py)."""
     return embeddings_server
 
 
-@pytest_asyncio.fixture(loop_scope="package")
+@pytest_asyncio.fixture(loop_scope="session")
 async def client(server: MmgateServer) -> AsyncIterator[MmgateClient]:
     async with MmgateClient(f"127.0.0.1:{server.port}", timeout=60.0) as client:
         yield client

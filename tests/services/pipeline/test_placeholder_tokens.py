@@ -20,18 +20,18 @@ from services.pipeline.prompts import render
 
 from ..imagegen import encoded, large_png, picture, png, variant
 
-pytestmark = pytest.mark.asyncio(loop_scope="package")
+pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="package")
-async def pixels_server(llava_model: Path) -> AsyncIterator[MmgateServer]:
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def pixels_server(tiny_llava: Path) -> AsyncIterator[MmgateServer]:
     settings = Settings(
         port=0,
-        engine=engine_settings(llava_model),
+        engine=engine_settings(tiny_llava),
         media={"mode": "pixels"},
         metrics={"enabled": False},
     )
-    running = MmgateServer(settings, model=str(llava_model))
+    running = MmgateServer(settings, model=str(tiny_llava))
     try:
         await running.start()
         yield running
@@ -41,8 +41,8 @@ async def pixels_server(llava_model: Path) -> AsyncIterator[MmgateServer]:
 
 @pytest.fixture(scope="module", params=["pixels", "embeddings"])
 def server(request: pytest.FixtureRequest) -> MmgateServer:
-    """A server of its own in pixels mode; in embeddings mode the package's, which test_images
-    shares (tests/services/pipeline/conftest.py)."""
+    """A server of its own in pixels mode; in embeddings mode the session's in-process one
+    (tests/services/in_process.py)."""
     running: MmgateServer = request.getfixturevalue(f"{request.param}_server")
     assert running.pipeline.media.mode == request.param
     return running
