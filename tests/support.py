@@ -112,25 +112,40 @@ def free_port() -> int:
 
 
 def wait_serving(
-    target: str, timeout: float, service: str = "", credentials: Credentials | None = None
+    target: str,
+    timeout: float,
+    service: str = "",
+    credentials: Credentials | None = None,
+    alive: Callable[[], bool] | None = None,
 ) -> list[int]:
     """Block until ``target``'s health for ``service`` says SERVING; the statuses seen on the way.
 
-    Raises grpc.FutureTimeoutError when the port never opens, grpc.RpcError when the stream
-    fails (the server exited, or ``timeout`` passed), AssertionError when it ends before SERVING.
+    A watch the server cut while ``alive()`` still holds (a connection past its maximum age, on a
+    busy machine) is watched again. Raises grpc.FutureTimeoutError when the port never opens,
+    grpc.RpcError when the stream fails (the server exited, or ``timeout`` passed),
+    AssertionError when it ends before SERVING.
     """
     seen: list[int] = []
-    with (credentials or Credentials()).channel(target) as channel:
-        grpc.channel_ready_future(channel).result(timeout=timeout)
-        stream = health_pb2_grpc.HealthStub(channel).Watch(
-            health_pb2.HealthCheckRequest(service=service), timeout=timeout
-        )
-        for update in stream:
-            seen.append(update.status)
-            if update.status == SERVING:
-                stream.cancel()
-                return seen
-    raise AssertionError(f"the health stream of {target} ended before SERVING")
+    deadline = time.monotonic() + timeout
+    while True:
+        left = max(0.0, deadline - time.monotonic())
+        with (credentials or Credentials()).channel(target) as channel:
+            grpc.channel_ready_future(channel).result(timeout=left)
+            stream = health_pb2_grpc.HealthStub(channel).Watch(
+                health_pb2.HealthCheckRequest(service=service), timeout=left
+            )
+            try:
+                for update in stream:
+                    seen.append(update.status)
+                    if update.status == SERVING:
+                        stream.cancel()
+                        return seen
+            except grpc.RpcError as error:
+                cut = error.code() == grpc.StatusCode.UNAVAILABLE
+                if not (cut and alive is not None and alive() and time.monotonic() < deadline):
+                    raise
+                continue
+        raise AssertionError(f"the health stream of {target} ended before SERVING")
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -261,7 +276,12 @@ def wait_until_serving(server: RunningServer) -> None:
     """Block until the server's health says SERVING; its log in the failure if it never does."""
     try:
         server.startup_statuses.extend(
-            wait_serving(server.target, START_TIMEOUT, credentials=server.credentials)
+            wait_serving(
+                server.target,
+                START_TIMEOUT,
+                credentials=server.credentials,
+                alive=lambda: server.process.poll() is None,
+            )
         )
     except (grpc.FutureTimeoutError, grpc.RpcError, AssertionError) as error:
         raise AssertionError(

@@ -246,6 +246,27 @@ async def test_a_killed_replica_fails_only_its_calls_in_flight(
     def embeddings_stored() -> int:
         return len(replicas_store.cli("--scan", "--pattern", "mmgate:*:embedding:*").split())
 
+    # the storage tests killed this Redis and started it again: until a replica's client has
+    # reconnected (its breaker closed), a write-back is dropped. A probe image through each
+    # replica, asked again until Redis holds it, shows writes land before the test's own go.
+    probes = iter(range(7400, 7500))
+    for server in replicas.servers:
+        async with server.client(timeout=120.0) as direct:
+
+            async def writes_land(direct: MmgateClient = direct) -> bool:
+                before = embeddings_stored()
+                await ask(direct, png(next(probes)))
+
+                async def stored() -> bool:
+                    return embeddings_stored() > before
+
+                try:
+                    await eventually(stored, timeout=2)
+                except AssertionError:
+                    return False  # dropped: ask again with another probe
+                return True
+
+            await eventually(writes_land, timeout=60, interval=0.5)
     held = embeddings_stored()
     async with MmgateClient(proxy.target, timeout=120.0) as client:
         for data in FAILOVER_IMAGES:
