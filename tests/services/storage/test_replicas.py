@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -259,16 +259,28 @@ async def test_a_killed_redis_costs_no_caller_anything(
 ) -> None:
     first, second = replicas
     mix = Mix(max_tokens=2, image_ratio=1.0, image_repeat=0.0, working_set=1, seed=40)
+
+    def breaker_closed(server: RunningServer) -> Callable[[], Awaitable[bool]]:
+        async def closed() -> bool:  # an earlier test may have left it open for its 2 s
+            m = await scrape(server.metrics_url)
+            return m.value("mmgate_actor_tier_breaker_open", tier="redis") == 0
+
+        return closed
+
+    def embeddings() -> set[str]:
+        return set(redis.cli("--scan", "--pattern", "mmgate:*:embedding:*").split())
+
     # the first replica computes 24 images; the second then gets them from Redis
+    await eventually(breaker_closed(first), timeout=10)
+    known = embeddings()
     async with first.client(timeout=60) as one:
         await run(one, Workload(mix), Limits(requests=24, concurrency=4))
-    await asyncio.sleep(0.5)  # the write-backs
 
-    async def breaker_closed() -> bool:  # an earlier test may have left it open for its 2 s
-        m = await scrape(second.metrics_url)
-        return m.value("mmgate_actor_tier_breaker_open", tier="redis") == 0
+    async def written_back() -> bool:  # write-backs are queued, not waited for
+        return bool(embeddings() - known)
 
-    await eventually(breaker_closed, timeout=10)
+    await eventually(written_back, timeout=10)
+    await eventually(breaker_closed(second), timeout=10)
     async with second.client(timeout=60) as two:
         warm, _, _ = await run(two, Workload(mix), Limits(requests=8, concurrency=4))
         # served from Redis before it dies
