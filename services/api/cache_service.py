@@ -27,7 +27,7 @@ from ..pipeline.tenancy import Isolation
 from ..proto.mmgate.v1 import cache_pb2 as pb
 from ..proto.mmgate.v1 import cache_pb2_grpc
 from ..proto.mmgate.v1 import inference_pb2 as inference_pb
-from ..types import EngineHealth, MediaStats
+from ..types import EngineHealth
 from ..wire import ADMIN_ONLY, is_digest
 from .admission import Admission
 from .auth import Caller, checked_label, current_caller
@@ -103,12 +103,10 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
             await abort(
                 context, from_exception(NotPermitted("all_tenants is an admin's", ADMIN_ONLY))
             )
-        # before the engine has started: no media stage yet, nothing counted
-        pipeline = self.pipeline.current
-        media = pipeline.media.stats if pipeline is not None else MediaStats()
+        media = self.pipeline.media_stats
         response = pb.GetStatsResponse(
             model=self.engine.model_name,
-            media_mode=pipeline.media.mode if pipeline is not None else "unknown",
+            media_mode=self.pipeline.media_mode,
             engine_health=pb.EngineHealth(**dataclasses.asdict(self.engine_health())),
             tenant=caller.tenant,
             tenants=[

@@ -51,7 +51,6 @@ from ..pipeline.tier_values import codecs
 from ..proto.mmgate.v1 import cache_pb2, cache_pb2_grpc, inference_pb2, inference_pb2_grpc
 from ..storage.namespace import tier_namespace
 from ..storage.redis_tier import redis_tier
-from ..types import MediaStats
 from .admission import Admission
 from .auth import AuthGate, CertificateFiles, announce_trust, authenticator
 from .cache_service import CacheServicer
@@ -241,8 +240,6 @@ class MmgateServer:
 
     def snapshot(self) -> Snapshot:
         """What metrics export, read from each part at once (on the event loop)."""
-        pipeline = self.pipelines.current
-        media = pipeline.media.stats if pipeline is not None else MediaStats()
         return Snapshot(
             cache=self.cache.stats(),
             mailbox_capacity=self.cache.config.mailbox_size,
@@ -253,8 +250,8 @@ class MmgateServer:
             engine_health=self.monitor.engine_health(),
             threads=self.threads.stats(),
             model=self.engine.model_name,
-            media=dataclasses.replace(media),
-            media_mode=pipeline.media.mode if pipeline is not None else "unknown",
+            media=dataclasses.replace(self.pipelines.media_stats),
+            media_mode=self.pipelines.media_mode,
             active_requests=self.admission.active,
             max_concurrent_requests=self.settings.max_concurrent_requests,
             loop_tasks=len(asyncio.all_tasks()),

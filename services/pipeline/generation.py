@@ -32,6 +32,7 @@ from ..types import (
     Finished,
     GenerationRequest,
     ImageReport,
+    MediaStats,
 )
 from .budget import fit
 from .chaos import NoChaos, injector
@@ -167,6 +168,16 @@ class PipelineRef:
         if self.current is None:
             raise EngineUnavailable("the engine is not ready")
         return self.current
+
+    @property
+    def media_mode(self) -> str:
+        """The media stage's mode; "unknown" before the engine has started."""
+        return self.current.media.mode if self.current is not None else "unknown"
+
+    @property
+    def media_stats(self) -> MediaStats:
+        """The media stage's counts; none before the engine has started."""
+        return self.current.media.stats if self.current is not None else MediaStats()
 
 
 __all__ = ["Pipeline", "PipelineRef"]
