@@ -20,9 +20,21 @@ from typing import Any, Literal, final
 
 CachePolicy = Literal["prompt", "response", "bypass"]
 MediaForm = Literal["embeddings", "pixels"]
+ConstraintKind = Literal["json_schema", "regex", "grammar", "choice", "json_object"]
 
 
 # ── a validated request ─────────────────────────────────────────────────────────────────────
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """The form the output must take: ``text`` is the JSON schema (compact JSON), regex or
+    grammar; ``choices`` the strings of a choice; json_object has neither."""
+
+    kind: ConstraintKind
+    text: str = ""
+    choices: tuple[str, ...] = ()
 
 
 @final
@@ -48,6 +60,7 @@ class Sampling:
     skip_special_tokens: bool = True
     # (token id, bias), by token id: a tuple, so that two equal biases make one key
     logit_bias: tuple[tuple[int, float], ...] = ()
+    constraint: Constraint | None = None
 
     @property
     def deterministic(self) -> bool:
@@ -249,6 +262,7 @@ class ModelFacts:
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
     has_chat_template: bool
+    structured_output_backend: str = "auto"
 
 
 @final

@@ -97,6 +97,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             takes_images=pipeline.media.takes_images,
             media_mode=pipeline.media.mode,
             has_chat_template=facts.has_chat_template,
+            structured_output_backend=facts.structured_output_backend,
             limits=pb.ModelLimits(
                 max_tokens=self.engine.max_model_len - 1,
                 max_images=settings.media.max_images_per_request,
@@ -105,6 +106,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 max_stop_strings=settings.max_stop_strings,
                 max_stop_token_ids=settings.max_stop_token_ids,
                 max_logit_bias=settings.max_logit_bias,
+                max_constraint_chars=settings.max_constraint_chars,
+                max_choices=settings.max_choices,
             ),
         )
 

@@ -9,6 +9,7 @@ point at its mistake; all problems of a request are reported together.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import uuid
@@ -20,7 +21,7 @@ from google.protobuf.message import Message
 from ..config import Settings
 from ..errors import InvalidRequest, Violation
 from ..proto.mmgate.v1 import inference_pb2 as pb
-from ..types import CachePolicy, ChatTurn, GenerationRequest, ImageInput, Sampling
+from ..types import CachePolicy, ChatTurn, Constraint, GenerationRequest, ImageInput, Sampling
 from ..wire import IMAGE_PLACEHOLDER, MIME_TYPES, is_digest
 
 ROLES = frozenset({"system", "user", "assistant"})
@@ -263,6 +264,7 @@ def _sampling(
         include_stop_str_in_output=s.include_stop_str_in_output,
         skip_special_tokens=s.skip_special_tokens if s.HasField("skip_special_tokens") else True,
         logit_bias=tuple(sorted(s.logit_bias.items())),
+        constraint=_constraint(s, settings, bad),
     )
     if s.HasField("min_tokens") and max_tokens_set and s.min_tokens > max_tokens:
         bad("sampling.min_tokens", f"{s.min_tokens} is more than max_tokens ({max_tokens})")
@@ -295,3 +297,55 @@ def _token_controls(
             bad(where, f"token {token} is not below the vocabulary's {vocab}")
         if not (_finite(bias) and -100 <= bias <= 100):
             bad(where, f"{bias!r} is not between -100 and 100")
+
+
+def _constraint(
+    s: pb.SamplingParams, settings: Settings, bad: Callable[[str, str], None]
+) -> Constraint | None:
+    """The output constraint, bounded in size; the engine's backend checks what it means."""
+    kind = s.WhichOneof("constraint")
+    if kind is None:
+        return None
+    where, limit = f"sampling.{kind}", settings.max_constraint_chars
+    if kind == "json_object":
+        if not s.json_object:
+            bad(where, "must be true when set; leave the constraint unset for free text")
+        return Constraint("json_object")
+    if kind == "choice":
+        choices = tuple(s.choice.choices)
+        if not choices:
+            bad(f"{where}.choices", "must hold at least one string")
+        elif len(choices) > settings.max_choices:
+            bad(f"{where}.choices", f"{len(choices)} strings; the limit is {settings.max_choices}")
+        elif sum(map(len, choices)) > limit:
+            bad(f"{where}.choices", f"{sum(map(len, choices))} characters; the limit is {limit}")
+        elif not all(choices):
+            bad(f"{where}.choices", "must not hold an empty string")
+        return Constraint("choice", choices=choices)
+    text: str = getattr(s, kind)
+    if not text.strip():
+        bad(where, "must not be empty")
+    elif len(text) > limit:
+        bad(where, f"{len(text)} characters; the limit is {limit}")
+    elif "\x00" in text:
+        bad(where, "must not hold a NUL character")
+    elif kind == "json_schema":
+        text = _compact_schema(text, where, bad)
+    return Constraint(kind, text=text)
+
+
+def _compact_schema(text: str, where: str, bad: Callable[[str, str], None]) -> str:
+    """The schema as compact JSON (one run for the same schema however it is spaced); the order
+    of its keys stays, since it is the order of the output's properties."""
+    try:
+        schema = json.loads(text)
+    except RecursionError:
+        bad(where, "is nested too deeply")
+        return text
+    except ValueError as error:
+        bad(where, f"is not JSON: {error}")
+        return text
+    if not isinstance(schema, dict):
+        bad(where, "must be a JSON object (a JSON Schema)")
+        return text
+    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)

@@ -58,6 +58,9 @@ async def _generate(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "cache_policy": args.cache_policy,
         "images": args.image_bytes,
+        "json_schema": args.json_schema_text,
+        "regex": args.regex,
+        "choice": args.choice or None,
     }
     async with MmgateClient(
         args.target,
@@ -168,6 +171,12 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         help="an image file (PNG, JPEG, WebP) for each <image> in the prompt; repeatable",
     )
+    form = generate.add_mutually_exclusive_group()
+    form.add_argument("--json-schema", metavar="FILE", help="the answer is an instance of it")
+    form.add_argument("--regex", help="the answer matches this regular expression")
+    form.add_argument(
+        "--choice", action="append", help="the answer is one of these strings; repeatable"
+    )
 
     stats = commands.add_parser("stats", help="cache levels and actor health")
     stats.add_argument(
@@ -209,6 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "generate":
             args.image_bytes = [Path(path).read_bytes() for path in args.image]
+            schema = args.json_schema
+            args.json_schema_text = Path(schema).read_text("utf-8") if schema else None
             return asyncio.run(_generate(args))
         if args.command == "stats":
             return asyncio.run(_stats(args))

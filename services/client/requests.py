@@ -7,8 +7,9 @@ request ── by_reference ──┬── an image held ──► sent by dige
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, final
 
 import grpc
@@ -45,13 +46,19 @@ def build_request(
     cache_policy: str = "prompt",
     **sampling: Any,
 ) -> inference_pb2.GenerateRequest:
-    """A GenerateRequest; ``sampling`` takes SamplingParams' fields (max_tokens, temperature...)."""
+    """A GenerateRequest; ``sampling`` takes SamplingParams' fields (max_tokens, temperature...).
+
+    One constraint at most: ``json_schema`` (JSON text or a dict), ``regex``, ``grammar``,
+    ``choice`` (a list of strings) or ``json_object=True``."""
+    fields = {k: v for k, v in sampling.items() if v is not None}
+    if isinstance(fields.get("json_schema"), Mapping):
+        fields["json_schema"] = json.dumps(fields["json_schema"])
+    if "choice" in fields and not isinstance(fields["choice"], inference_pb2.Choices):
+        fields["choice"] = inference_pb2.Choices(choices=list(fields["choice"]))
     request = inference_pb2.GenerateRequest(
         request_id=request_id,
         cache_policy=CACHE_POLICIES[cache_policy],
-        sampling=inference_pb2.SamplingParams(
-            **{k: v for k, v in sampling.items() if v is not None}
-        ),
+        sampling=inference_pb2.SamplingParams(**fields),
         images=[inference_pb2.Image(data=data) for data in images],
     )
     texts = [prompt or ""] + [content for _, content in messages or ()]

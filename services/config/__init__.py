@@ -72,6 +72,11 @@ class Settings(BaseSettings):
     """Most stop token ids in one request."""
     max_logit_bias: int = Field(300, gt=0)
     """Most logit_bias entries in one request (OpenAI's API allows 300)."""
+    max_constraint_chars: int = Field(65_536, gt=0)
+    """Longest output constraint (a JSON schema, regex or grammar, or all choices together), in
+    characters: the engine compiles it into a grammar before the request's first token."""
+    max_choices: int = Field(1024, gt=0)
+    """Most strings in a request's choice constraint."""
     default_max_tokens: int = Field(256, gt=0)
     """max_tokens of a request that sets none (less where the context window ends first)."""
     max_concurrent_requests: int = Field(256, gt=0)

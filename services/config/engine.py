@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MiB = 1024 * 1024
 
@@ -62,8 +62,25 @@ class EngineSettings(BaseModel):
     last delta go at once, the rest in groups of this many. 1: every engine step, as it comes;
     higher: fewer gRPC messages and less CPU a token (docs/benchmarks.md), coarser streaming. A
     request's SamplingParams.stream_interval can raise it, not lower it."""
+    structured_output_backend: Literal["xgrammar", "guidance", "outlines", "auto"] = "xgrammar"
+    """The backend that enforces a request's constraint (JSON schema, regex, grammar, choice).
+    auto: vLLM's pick per request (xgrammar, else guidance or outlines for what xgrammar cannot
+    take), but then JSON may hold any whitespace (compact_json must be false)."""
+    compact_json: bool = True
+    """JSON constrained output holds no whitespace between tokens (vLLM's
+    disable_any_whitespace): a small model otherwise can spend its max_tokens on blank lines.
+    Needs a named backend (xgrammar or guidance)."""
     extra: dict[str, Any] = Field(default_factory=dict)
     """Any other vLLM engine argument, as JSON: '{"swap_space": 2}'."""
+
+    @model_validator(mode="after")
+    def _compact_json_needs_a_backend(self) -> EngineSettings:
+        if self.compact_json and self.structured_output_backend not in ("xgrammar", "guidance"):
+            raise ValueError(
+                "compact_json needs structured_output_backend xgrammar or guidance"
+                f" (not {self.structured_output_backend}); set compact_json false to use it"
+            )
+        return self
 
 
 class ThreadSettings(BaseModel):

@@ -8,13 +8,18 @@ mistake, told as one: INVALID_ARGUMENT naming the field, never an internal error
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import re
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidRequest, Violation
-from ..types import Sampling
+from ..types import Constraint, Sampling
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+
+# where a grammar library's message names its own source: "[06:17:34] /project/cpp/x.cc:83: "
+_SOURCE_PREFIX = re.compile(r"\[\d\d:\d\d:\d\d\] \S+:\d+: ")
 
 # vLLM's name for each optional field, where mmgate's is the same
 _OPTIONAL = (
@@ -46,14 +51,46 @@ def vllm_sampling(sampling: Sampling) -> SamplingParams:
             include_stop_str_in_output=sampling.include_stop_str_in_output,
             skip_special_tokens=sampling.skip_special_tokens,
             logit_bias=dict(sampling.logit_bias) or None,
+            structured_outputs=_structured(sampling.constraint),
             ignore_eos=sampling.ignore_eos,
             output_kind=RequestOutputKind.DELTA,
             **optional,
         )
     except VLLMValidationError as refused:
-        field = f"sampling.{refused.parameter}" if refused.parameter else "sampling"
-        reason = f"the engine refuses it: {refused.args[0]}"
-        raise InvalidRequest([Violation(field, reason)]) from None
+        raise refusal(refused, sampling) from None
 
 
-__all__ = ["vllm_sampling"]
+def _structured(constraint: Constraint | None) -> Any:
+    """vLLM's StructuredOutputsParams for a constraint (a new one per request: vLLM rewrites
+    a choice into a grammar in place)."""
+    if constraint is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    match constraint.kind:
+        case "json_schema":
+            return StructuredOutputsParams(json=constraint.text)
+        case "regex":
+            return StructuredOutputsParams(regex=constraint.text)
+        case "grammar":
+            return StructuredOutputsParams(grammar=constraint.text)
+        case "choice":
+            return StructuredOutputsParams(choice=list(constraint.choices))
+        case "json_object":
+            return StructuredOutputsParams(json_object=True)
+
+
+def refusal(refused: VLLMValidationError, sampling: Sampling) -> InvalidRequest:
+    """What the engine refused, in mmgate's words: the field it names (or the constraint, which
+    vLLM checks without naming a field), and its reason without a library's source lines."""
+    if refused.parameter:
+        field = f"sampling.{refused.parameter}"
+    elif sampling.constraint is not None:
+        field = f"sampling.{sampling.constraint.kind}"
+    else:
+        field = "sampling"
+    reason = _SOURCE_PREFIX.sub("", str(refused.args[0]) if refused.args else "").strip()
+    return InvalidRequest([Violation(field, f"the engine refuses it: {reason}")])
+
+
+__all__ = ["refusal", "vllm_sampling"]

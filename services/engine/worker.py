@@ -25,7 +25,7 @@ from ..types import EngineDelta, EngineRequest, EngineStats, EngineTokenStats, M
 from .dtypes import VERDICTS_FILE, Cpu, DtypeChoice, Verdicts, choose_dtype, this_cpu
 from .outputs import delta_of, times_of
 from .progress import Progress
-from .sampling import vllm_sampling
+from .sampling import refusal, vllm_sampling
 from .stats import Counters, TokenCounters, stats_recorder_factory
 from .tensors import engine_image_data
 from .tokenizers import private_copy
@@ -95,6 +95,7 @@ class EngineWorker:
         return self._dtype_choice
 
     def engine_args(self) -> Any:
+        from vllm.config import StructuredOutputsConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         s = self.settings
@@ -111,6 +112,9 @@ class EngineWorker:
             "seed": s.seed,
             "enable_log_requests": False,
         }
+        kwargs["structured_outputs_config"] = StructuredOutputsConfig(
+            backend=s.structured_output_backend, disable_any_whitespace=s.compact_json
+        )
         if s.block_size is not None:
             kwargs["block_size"] = s.block_size
         if s.stream_interval > 1:
@@ -183,6 +187,7 @@ class EngineWorker:
             eos_token_ids=tuple(sorted(int(i) for i in eos)),
             bos_token_id=tokenizer.bos_token_id,
             has_chat_template=getattr(tokenizer, "chat_template", None) is not None,
+            structured_output_backend=engine.vllm_config.structured_outputs_config.backend,
         )
 
     def tokenizer_copy(self) -> Any:
@@ -215,6 +220,7 @@ class EngineWorker:
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineDelta, None]:
         """Stream one request's new tokens; leaving early aborts it in the engine."""
+        from vllm.exceptions import VLLMValidationError
         from vllm.inputs import TokensPrompt
 
         engine = self._require()
@@ -252,6 +258,12 @@ class EngineWorker:
                     span.observe(delta)
                     finish_reason = delta.finish_reason
                     yield delta
+        except VLLMValidationError as refused:
+            # vLLM checks a request (its constraint above all) as it takes it: nothing ran, so
+            # nothing to count as aborted or to abort
+            finish_reason = "refused"
+            error = refusal(refused, sampling)
+            raise error from None
         except BaseException as exc:
             error = exc
             raise

@@ -163,6 +163,11 @@ class EngineTrace:
                 attributes[name] = value
         if sampling.stop:
             attributes["gen_ai.request.stop_sequences"] = list(sampling.stop)
+        if (constraint := sampling.constraint) is not None:
+            # the kind only: a schema or regex is the caller's text, not a span's
+            json = constraint.kind in ("json_schema", "json_object")
+            attributes["gen_ai.output.type"] = "json" if json else "text"
+            attributes["mmgate.engine.constraint"] = constraint.kind
         started = tracer.start_span(
             f"{OPERATION} {model}", kind=SpanKind.INTERNAL, attributes=attributes
         )

@@ -1,15 +1,20 @@
 """The embedded default model, end to end: prepared from its package, served by the real engine,
 asked through the real CLI."""
 
+import asyncio
+import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from services.client import MmgateClient
+from services.proto.mmgate.v1 import inference_pb2 as pb
 from tests.support import ROOT, RunningServer, start_server
 
 
@@ -56,3 +61,66 @@ async def test_streamed_chat_answer(default_server: RunningServer) -> None:
         stats = await client.stats()
     assert "Paris" in text
     assert stats.model == "SmolLM2-135M-Instruct"
+
+
+async def test_model_info_of_the_embedded_model(default_server: RunningServer) -> None:
+    async with MmgateClient(default_server.target) as client:
+        info = await client.model_info()
+    assert info.model == "SmolLM2-135M-Instruct"
+    assert info.vocab_size == 49152
+    assert 2 in info.eos_token_ids  # <|im_end|>
+    assert (info.takes_images, info.media_mode, info.has_chat_template) == (False, "none", True)
+    assert info.structured_output_backend == "xgrammar"
+    assert (info.limits.max_constraint_chars, info.limits.max_choices) == (65_536, 1024)
+
+
+async def test_sampled_answers_of_the_real_model_are_instances_of_a_schema(
+    default_server: RunningServer,
+) -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "pattern": "^[A-Za-z ]{1,20}$"},
+            "country": {"type": "string", "pattern": "^[A-Za-z ]{1,20}$"},
+            "population_millions": {"type": "integer", "minimum": 0, "maximum": 50},
+        },
+        "required": ["city", "country", "population_millions"],
+    }
+    async with MmgateClient(default_server.target, timeout=120.0) as client:
+        answers = await asyncio.gather(
+            *(
+                client.complete(
+                    "Name a large city as JSON.",
+                    temperature=1.0,
+                    max_tokens=100,
+                    cache_policy="bypass",
+                    json_schema=schema,
+                )
+                for _ in range(8)
+            )
+        )
+    for answer in answers:
+        assert answer.final.finish_reason == pb.FINISH_REASON_STOP, answer.text
+        jsonschema.validate(json.loads(answer.text), schema)
+
+
+def test_cli_constrains_the_answer(default_server: RunningServer, tmp_path: Path) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"capital": {"type": "string", "pattern": "^[A-Za-z]{1,20}$"}},
+        "required": ["capital"],
+    }
+    (tmp_path / "capital.json").write_text(json.dumps(schema))
+    question = "What is the capital of France?"
+    target = ("--target", default_server.target)
+    answer = json.loads(
+        mmgate("generate", question, "--json-schema", str(tmp_path / "capital.json"), *target)
+    )
+    jsonschema.validate(answer, schema)
+    assert answer["capital"] == "Paris"
+    assert re.fullmatch(
+        r"[A-Z][a-z]+", mmgate("generate", question, "--regex", "[A-Z][a-z]+", *target).strip()
+    )
+    choices = ["Paris", "Lyon", "Nice"]
+    picked = mmgate("generate", question, *[a for c in choices for a in ("--choice", c)], *target)
+    assert picked.strip() in choices
