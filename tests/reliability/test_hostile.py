@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import io
+import json
 import re
 import struct
 import zlib
@@ -140,6 +141,46 @@ CASES: dict[str, tuple[Callable[[], pb.GenerateRequest], str, str | None]] = {
         "INVALID_ARGUMENT",
         "request",
     ),
+    "JSON schema of a 100,000-value enum": (
+        lambda: ask(json_schema=json.dumps({"enum": list(range(100_000))})),
+        "INVALID_ARGUMENT",
+        "sampling.json_schema",
+    ),
+    "JSON schema nested 5,000 deep": (
+        lambda: ask(json_schema='{"items":' * 5000 + "{}" + "}" * 5000),
+        "INVALID_ARGUMENT",
+        "sampling.json_schema",
+    ),
+    "JSON schema of an unknown type": (
+        lambda: ask(json_schema='{"type": "colour"}'),
+        "INVALID_ARGUMENT",
+        "sampling.json_schema",
+    ),
+    "regex that does not parse": (
+        lambda: ask(regex="([a-z]+"),
+        "INVALID_ARGUMENT",
+        "sampling.regex",
+    ),
+    "grammar naming a rule it lacks": (
+        lambda: ask(grammar="root ::= missing"),
+        "INVALID_ARGUMENT",
+        "sampling.grammar",
+    ),
+    "json_object set to false": (
+        lambda: ask(json_object=False),
+        "INVALID_ARGUMENT",
+        "sampling.json_object",
+    ),
+    "choice of 5,000 strings": (
+        lambda: ask(choice=[str(i) for i in range(5000)]),
+        "INVALID_ARGUMENT",
+        "sampling.choice.choices",
+    ),
+    "logit bias past the vocabulary": (
+        lambda: ask(logit_bias={2**31: 1.0}),
+        "INVALID_ARGUMENT",
+        f"sampling.logit_bias[{2**31}]",
+    ),
     "9 MiB message (twice the limit)": (
         lambda: build_request("z" * (9 * MiB), max_tokens=1),
         "RESOURCE_EXHAUSTED",
@@ -190,6 +231,15 @@ sampling = st.fixed_dictionaries(
         "skip_special_tokens": st.booleans(),
         "logit_bias": st.dictionaries(st.integers(0, 2**32 - 1), floats, max_size=5),
         "truncate_prompt_tokens": st.integers(0, 2**32 - 1),
+        # one of the constraint's fields at most: the message keeps the last set
+        "json_schema": st.one_of(
+            st.text(max_size=120),
+            st.sampled_from(['{"type":"object"}', '{"type":"integer","maximum":9}', "{}"]),
+        ),
+        "regex": st.text(max_size=40),
+        "grammar": st.text(max_size=60),
+        "choice": st.builds(pb.Choices, choices=st.lists(st.text(max_size=8), max_size=4)),
+        "json_object": st.booleans(),
     },
 )
 requests = st.builds(

@@ -12,7 +12,7 @@ from services.config import Settings
 from services.engine.sampling import vllm_sampling
 from services.errors import InvalidRequest
 from services.proto.mmgate.v1 import inference_pb2 as pb
-from services.types import Sampling
+from services.types import Constraint, Sampling
 
 SETTINGS = Settings(max_prompt_chars=1000, max_chat_messages=4, max_message_bytes=64 * 1024)
 MAX_MODEL_LEN = 2048
@@ -292,3 +292,53 @@ def test_a_bound_only_the_engine_knows_is_still_the_callers_mistake() -> None:
     (violation,) = caught.value.violations
     assert violation.field == "sampling.temperature"
     assert "Error" not in violation.description
+
+
+def test_a_schema_is_kept_compact_in_its_own_key_order() -> None:
+    spaced = '{\n  "type": "object",\n  "properties": {"b": {"type": "integer"}, "a": {}}\n}'
+    request = pb.GenerateRequest(prompt="Hi", sampling=pb.SamplingParams(json_schema=spaced))
+    checked = validate(request, SETTINGS, max_model_len=MAX_MODEL_LEN)
+    constraint = checked.sampling.constraint
+    assert constraint is not None and constraint.kind == "json_schema"
+    # b before a: the output's properties come in the schema's order
+    assert constraint.text == '{"type":"object","properties":{"b":{"type":"integer"},"a":{}}}'
+    plain = validate(pb.GenerateRequest(prompt="Hi"), SETTINGS, max_model_len=MAX_MODEL_LEN)
+    assert plain.sampling.constraint is None
+
+
+@pytest.mark.parametrize(
+    ("constraint", "form"),
+    [
+        (Constraint("json_schema", text='{"type":"integer"}'), {"json": '{"type":"integer"}'}),
+        (Constraint("regex", text="[0-9]+"), {"regex": "[0-9]+"}),
+        (Constraint("grammar", text='root ::= "a"'), {"grammar": 'root ::= "a"'}),
+        (Constraint("choice", choices=("x", "y")), {"choice": ["x", "y"]}),
+        (Constraint("json_object"), {"json_object": True}),
+    ],
+)
+def test_each_constraint_reaches_the_engine_as_its_own_form(
+    constraint: Constraint, form: dict[str, Any]
+) -> None:
+    params = vllm_sampling(Sampling(max_tokens=8, constraint=constraint))
+    structured = params.structured_outputs
+    assert structured is not None
+    for name, value in form.items():
+        assert getattr(structured, name) == value
+
+
+def test_the_engines_refusal_of_a_constraint_names_its_field_without_source_lines() -> None:
+    from vllm.exceptions import VLLMValidationError
+
+    from services.engine.sampling import refusal
+
+    refused = VLLMValidationError(
+        "Failed to transform regex into a grammar: [06:17:34] /project/cpp/regex_converter.cc:83:"
+        " Regex parsing error at position 2: The parenthesis is not closed.\n"
+    )
+    error = refusal(refused, Sampling(max_tokens=8, constraint=Constraint("regex", text="(")))
+    (violation,) = error.violations
+    assert violation.field == "sampling.regex"
+    assert violation.description == (
+        "the engine refuses it: Failed to transform regex into a grammar:"
+        " Regex parsing error at position 2: The parenthesis is not closed."
+    )

@@ -40,7 +40,7 @@ from services.observability.tracing import (
     sampled_ratio,
     service_name,
 )
-from services.types import EngineRequest, Sampling
+from services.types import Constraint, EngineRequest, Sampling
 from tests.support import Gate, until
 
 # ── settings and the environment ─────────────────────────────────────────────────────────────
@@ -539,3 +539,25 @@ async def test_health_checks_make_no_span(fixed: Bench) -> None:
     await stub.Check(health_pb2.HealthCheckRequest(service=""))
     await fixed.channel.unary_unary("/t.T/Bug")(b"").code()
     assert [s.name for s in fixed.exporter.get_finished_spans()] == ["/t.T/Bug"]
+
+
+@pytest.mark.parametrize(
+    ("constraint", "output_type"),
+    [
+        (Constraint("json_schema", text='{"secret-field-name":{}}'), "json"),
+        (Constraint("json_object"), "json"),
+        (Constraint("regex", text="secret-[0-9]+"), "text"),
+        (Constraint("choice", choices=("secret-a", "secret-b")), "text"),
+    ],
+)
+def test_the_engine_span_names_a_constraints_kind_never_its_text(
+    tracer: trace.Tracer, exporter: InMemorySpanExporter, constraint: Constraint, output_type: str
+) -> None:
+    request = EngineRequest("r", (1, 2), Sampling(max_tokens=4, constraint=constraint))
+    with calling(tracer):
+        spans.EngineTrace.start("m", request).end()
+    (engine,) = exporter.get_finished_spans()
+    attributes = attrs(engine)
+    assert attributes["gen_ai.output.type"] == output_type
+    assert attributes["mmgate.engine.constraint"] == constraint.kind
+    assert "secret" not in repr(attributes)
