@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import jsonschema
 import pytest
 from google.protobuf import json_format, message_factory
 
@@ -45,12 +46,22 @@ EXAMPLES: dict[str, tuple[str, str]] = {
 COMMON = ("python-async", "python-sync", "node")
 BY_MODE = {mode: (*COMMON, f"cli-{mode}", f"grpcurl-{mode}") for mode in ("token", "mtls")}
 CASES = [(mode, name) for mode, names in BY_MODE.items() for name in names]
+# the constrained-output examples: each prints a record of the schema they hold
+CONSTRAINED = ("node-json-schema", "grpcurl-json-schema")
+CITY = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "pattern": "^[A-Za-z ]{1,20}$"},
+        "population": {"type": "integer", "minimum": 0, "maximum": 100000000},
+    },
+    "required": ["city", "population"],
+}
 
 
 def test_the_doc_has_each_example_once() -> None:
     names = _EXAMPLE.findall(DOC.read_text("utf-8"))
     assert len(names) == len(EXAMPLES), "an example name used twice"
-    assert set(EXAMPLES) == {name for _, name in CASES}
+    assert set(EXAMPLES) == {name for _, name in CASES} | set(CONSTRAINED)
     languages = {name: lang for name, (lang, _) in EXAMPLES.items()}
     assert languages == {
         "python-async": "python",
@@ -60,6 +71,8 @@ def test_the_doc_has_each_example_once() -> None:
         "cli-mtls": "bash",
         "grpcurl-token": "bash",
         "grpcurl-mtls": "bash",
+        "node-json-schema": "javascript",
+        "grpcurl-json-schema": "bash",
     }
 
 
@@ -207,3 +220,30 @@ def test_example_runs_as_documented(
     text, tenant = parse(done.stdout)
     assert tenant == "alpha", shown
     assert text.strip(), f"no completion text: {shown}"
+
+
+@pytest.mark.parametrize("name", CONSTRAINED)
+def test_a_constrained_example_prints_an_instance_of_its_schema(
+    tmp_path: Path,
+    pki: Pki,
+    client_certs: dict[str, Issued],
+    token_server: RunningServer,
+    name: str,
+) -> None:
+    lang, code = EXAMPLES[name]
+    # the example's own schema is the one checked here
+    assert "^[A-Za-z ]{1,20}$" in code and "100000000" in code
+    done = subprocess.run(
+        _command(name, lang, code, tmp_path),
+        cwd=ROOT,
+        env=_environment(token_server, "token", pki, client_certs["alpha"]),
+        capture_output=True,
+        text=True,
+        timeout=EXAMPLE_TIMEOUT,
+        check=False,
+    )
+    shown = f"{name}: rc {done.returncode}\n{done.stdout}\n{done.stderr}"
+    assert done.returncode == 0, shown
+    printed = json.loads(done.stdout)
+    record = json.loads(printed["text"]) if name.startswith("grpcurl") else printed
+    jsonschema.validate(record, CITY)
