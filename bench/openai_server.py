@@ -49,6 +49,15 @@ def server_flags(args: Any) -> list[str]:
             flags.append(flag if value else "--no-" + flag.removeprefix("--"))
         elif isinstance(value, dict):
             flags += [flag, json.dumps(value)]
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            # a config object (structured_outputs_config): its fields that differ, as JSON
+            default = type(value)()
+            changed = {
+                f.name: getattr(value, f.name)
+                for f in dataclasses.fields(value)
+                if getattr(value, f.name) != getattr(default, f.name)
+            }
+            flags += [flag, json.dumps(changed)]
         elif isinstance(value, list | tuple):
             flags += [flag, *(str(v) for v in value)]
         else:
@@ -215,6 +224,14 @@ class OpenAIServer(VllmProcess):
                     tokens.extend(new)
         assert first is not None, "no tokens"
         return first - started, tuple(tokens), len(body)
+
+    async def post(self, path: str, body: dict[str, Any]) -> Any:
+        """One unstreamed call (a chat completion): its JSON answer."""
+        assert self._client is not None, "not started"
+        response = await self._client.post(path, json=body)
+        if response.status_code != 200:
+            raise RuntimeError(f"{response.status_code}: {response.text[:300]!r}")
+        return response.json()
 
     async def metrics(self) -> dict[str, float]:
         """vLLM's Prometheus counters, summed over their labels (``vllm:...`` names)."""
