@@ -307,6 +307,8 @@ __all__ = [
     "TIME_TO_FIRST_TOKEN_BUCKETS",
     "CachePolicy",
     "ChatTurn",
+    "Constraint",
+    "ConstraintKind",
     "EngineDelta",
     "EngineHealth",
     "EngineImages",

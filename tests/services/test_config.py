@@ -1,11 +1,18 @@
-"""One source for each default: the cache actor's settings as the service configures them."""
+"""One source for each default: the cache actor's settings as the service configures them; a pair
+of engine settings vLLM refuses is refused at start."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+from pydantic import ValidationError
 
 from cache_actor import CacheConfig
-from services.config import CacheSettings, RedisSettings
+from services.config import CacheSettings, EngineSettings, RedisSettings
 
 # the service's name for each of the actor's settings it exposes
 SERVICE_NAMES = {
@@ -38,3 +45,22 @@ def test_the_actor_gets_every_setting_by_its_value() -> None:
     assert (config.max_bytes_per_tenant, config.max_tenants) == (1 << 10, 7)
     # unchanged settings: the actor's own defaults
     assert config.mailbox_size == CacheConfig().mailbox_size
+
+
+def test_compact_json_needs_a_named_backend_and_serve_says_so_in_a_line() -> None:
+    assert not EngineSettings(structured_output_backend="auto", compact_json=False).compact_json
+    with pytest.raises(ValidationError):
+        EngineSettings(structured_output_backend="auto")
+    done = subprocess.run(
+        [sys.executable, "-m", "services.cli", "serve"],
+        env={**os.environ, "MMGATE_ENGINE__STRUCTURED_OUTPUT_BACKEND": "auto"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        "mmgate serve: engine: Value error, compact_json needs structured_output_backend xgrammar"
+        " or guidance (not auto); set compact_json false to use it"
+    ]

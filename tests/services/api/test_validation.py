@@ -299,7 +299,8 @@ def test_a_schema_is_kept_compact_in_its_own_key_order() -> None:
     request = pb.GenerateRequest(prompt="Hi", sampling=pb.SamplingParams(json_schema=spaced))
     checked = validate(request, SETTINGS, max_model_len=MAX_MODEL_LEN)
     constraint = checked.sampling.constraint
-    assert constraint is not None and constraint.kind == "json_schema"
+    assert constraint is not None
+    assert constraint.kind == "json_schema"
     # b before a: the output's properties come in the schema's order
     assert constraint.text == '{"type":"object","properties":{"b":{"type":"integer"},"a":{}}}'
     plain = validate(pb.GenerateRequest(prompt="Hi"), SETTINGS, max_model_len=MAX_MODEL_LEN)
