@@ -193,6 +193,26 @@ OUTPUTS: dict[str, Callable[[str], tuple[str, str]]] = {
 }
 
 
+def _run_example(
+    name: str, server: RunningServer, mode: str, pki: Pki, cert: Issued, directory: Path
+) -> tuple[subprocess.CompletedProcess[str], str]:
+    """The example run as a user would, against ``server``; it exited 0. Its run and a text
+    showing it for a failure."""
+    lang, code = EXAMPLES[name]
+    done = subprocess.run(
+        _command(name, lang, code, directory),
+        cwd=ROOT,
+        env=_environment(server, mode, pki, cert),
+        capture_output=True,
+        text=True,
+        timeout=EXAMPLE_TIMEOUT,
+        check=False,
+    )
+    shown = f"{name} in mode {mode}: rc {done.returncode}\n{done.stdout}\n{done.stderr}"
+    assert done.returncode == 0, shown
+    return done, shown
+
+
 @pytest.mark.parametrize(("mode", "name"), CASES, ids=[f"{m}-{n}" for m, n in CASES])
 def test_example_runs_as_documented(
     request: pytest.FixtureRequest,
@@ -202,20 +222,8 @@ def test_example_runs_as_documented(
     mode: str,
     name: str,
 ) -> None:
-    lang, code = EXAMPLES[name]
-    command = _command(name, lang, code, tmp_path)
     server: RunningServer = request.getfixturevalue(f"{mode}_server")
-    done = subprocess.run(
-        command,
-        cwd=ROOT,
-        env=_environment(server, mode, pki, client_certs["alpha"]),
-        capture_output=True,
-        text=True,
-        timeout=EXAMPLE_TIMEOUT,
-        check=False,
-    )
-    shown = f"{name} in mode {mode}: rc {done.returncode}\n{done.stdout}\n{done.stderr}"
-    assert done.returncode == 0, shown
+    done, shown = _run_example(name, server, mode, pki, client_certs["alpha"], tmp_path)
     parse = OUTPUTS.get(name.partition("-")[0], _printed_completion_and_tenant)
     text, tenant = parse(done.stdout)
     assert tenant == "alpha", shown
@@ -230,21 +238,10 @@ def test_a_constrained_example_prints_an_instance_of_its_schema(
     token_server: RunningServer,
     name: str,
 ) -> None:
-    lang, code = EXAMPLES[name]
     # the example's own schema is the one checked here
-    assert "^[A-Za-z ]{1,20}$" in code
-    assert "100000000" in code
-    done = subprocess.run(
-        _command(name, lang, code, tmp_path),
-        cwd=ROOT,
-        env=_environment(token_server, "token", pki, client_certs["alpha"]),
-        capture_output=True,
-        text=True,
-        timeout=EXAMPLE_TIMEOUT,
-        check=False,
-    )
-    shown = f"{name}: rc {done.returncode}\n{done.stdout}\n{done.stderr}"
-    assert done.returncode == 0, shown
+    assert "^[A-Za-z ]{1,20}$" in EXAMPLES[name][1]
+    assert "100000000" in EXAMPLES[name][1]
+    done, _ = _run_example(name, token_server, "token", pki, client_certs["alpha"], tmp_path)
     printed = json.loads(done.stdout)
     record = json.loads(printed["text"]) if name.startswith("grpcurl") else printed
     jsonschema.validate(record, CITY)
