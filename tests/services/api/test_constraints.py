@@ -197,7 +197,8 @@ async def test_a_schema_slow_to_compile_is_cut_at_its_deadline_while_others_are_
         await pending
     assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert served >= 3
-    assert slowest < 0.5, slowest  # the loop-block threshold is 2 s
+    # below the loop-block threshold (2 s); the engine's compile shares the host's two cores
+    assert slowest < 2.0, slowest
     # the request is gone from mmgate and from the engine's queue, not left compiling for nobody
     await scrape_until(
         server.metrics_url,

@@ -30,9 +30,7 @@ def children_of(pid: int) -> set[int]:
     return found
 
 
-# tokens the in-flight request asks for: as many as the test server's context (1024) leaves, so
-# that it is still generating when the late call arrives (300 could all be out by then on a fast
-# host, and a server with nothing left to drain is right to be gone)
+# tokens the in-flight request asks for: more than a 1 KiB stream window holds as messages
 DRAIN_TOKENS = 1000
 
 
@@ -51,7 +49,14 @@ async def _drain(server: RunningServer) -> None:
     assert server.startup_statuses[0] == _NOT_SERVING
     assert server.startup_statuses[-1] == 1  # SERVING
     assert children_of(server.process.pid)  # the engine core runs in a child process
-    async with MmgateClient(server.target, timeout=120) as client:
+    # The in-flight stream lasts until this test reads it: a stream window of 1 KiB holds the
+    # server's writes once that much is unread. Without it a fast host generated all 1,000
+    # tokens before the drain began, and the server, rightly, stopped at once.
+    channel = grpc.aio.insecure_channel(
+        server.target,
+        options=[("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)],
+    )
+    async with MmgateClient(server.target, timeout=120, channel=channel) as client:
         request = build_request(
             "Drain me", max_tokens=DRAIN_TOKENS, ignore_eos=True, temperature=0.0
         )
@@ -69,6 +74,8 @@ async def _drain(server: RunningServer) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await client.complete("Too late", max_tokens=1)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        # refused by a server still draining this stream, not by one already gone
+        assert server.process.poll() is None
 
         events += [event async for event in stream]  # the in-flight stream completes
     final = events[-1].final
