@@ -9,10 +9,15 @@ from services.proto.mmgate.v1 import cache_pb2
 TRIES = 20
 
 
-async def settled_engine(client: MmgateClient) -> cache_pb2.EngineCacheStats:
-    """Engine stats once the engine has stepped again: a short request forces a step."""
-    await client.complete("tick", max_tokens=1)
-    return (await client.stats()).engine
+async def settled_engine(client: MmgateClient, ticks: int = 5) -> cache_pb2.EngineCacheStats:
+    """Engine stats once the engine has stepped with nothing left running: a short request
+    forces a step, and vLLM's stats of a step can still count an abort it takes at the next."""
+    for _ in range(ticks):
+        await client.complete("tick", max_tokens=1)
+        stats = (await client.stats()).engine
+        if stats.running == 0:
+            break
+    return stats
 
 
 async def test_cancelled_stream_aborts_the_engine_request(client: MmgateClient) -> None:
@@ -34,7 +39,8 @@ async def test_cancelled_stream_aborts_the_engine_request(client: MmgateClient) 
         if after.aborted == before.aborted + 1:
             return
         assert after.aborted == before.aborted
-        assert after.requests == before.requests + 2  # the long request (whole), the tick
+        # the long request (whole), and at least one tick
+        assert after.requests >= before.requests + 2
     raise AssertionError(f"the engine finished 900 tokens before each of {TRIES} cancellations")
 
 

@@ -2,7 +2,7 @@
 the session's tiny model (random weights: only the constraint makes its output readable), a
 JSON schema holds on an image request to the tiny LLaVA; the constraint is part of the response
 key; a constraint out of bounds, or one the backend cannot take, is INVALID_ARGUMENT naming its
-field; and a schema that takes the engine a minute to compile is cut at its deadline while the
+field; and a schema that takes the engine seconds to compile is cut at its deadline while the
 server serves others."""
 
 from __future__ import annotations
@@ -167,9 +167,10 @@ async def test_a_bad_constraint_is_refused_by_field_in_plain_words(
 async def test_a_schema_slow_to_compile_is_cut_at_its_deadline_while_others_are_served(
     client: MmgateClient, server: RunningServer
 ) -> None:
-    # 400 long strings of distinct bounds: over a minute of grammar compilation in the engine
-    # (measured here), within the size limit; names of its own, as the engine keeps grammars
-    names = [f"{uuid.uuid4().hex[:6]}{i}" for i in range(400)]
+    # Sixty strings of distinct length bounds, 5 KB: seconds of grammar compilation in the engine
+    # (xgrammar alone, 0.8 s a property here; ten were compiled within the 2 s deadline, 400 took
+    # over a minute). Names of its own, as the engine keeps compiled grammars.
+    names = [f"{uuid.uuid4().hex[:6]}{i}" for i in range(60)]
     slow = {
         "type": "object",
         "properties": {
@@ -183,7 +184,7 @@ async def test_a_schema_slow_to_compile_is_cut_at_its_deadline_while_others_are_
     request = build_request(
         fresh(), raw=True, max_tokens=8, cache_policy="bypass", json_schema=slow
     )
-    pending = asyncio.ensure_future(client.complete_request(request, timeout=4.0))
+    pending = asyncio.ensure_future(client.complete_request(request, timeout=2.0))
     health = health_pb2_grpc.HealthStub(client.channel)
     slowest, served = 0.0, 0
     # until its deadline: health answers at once and other requests are served
@@ -196,7 +197,7 @@ async def test_a_schema_slow_to_compile_is_cut_at_its_deadline_while_others_are_
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await pending
     assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert served >= 3
+    assert served >= 1
     # below the loop-block threshold (2 s); the engine's compile shares the host's two cores
     assert slowest < 2.0, slowest
     # the request is gone from mmgate and from the engine's queue, not left compiling for nobody
