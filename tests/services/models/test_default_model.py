@@ -124,3 +124,15 @@ def test_cli_constrains_the_answer(default_server: RunningServer, tmp_path: Path
     choices = ["Paris", "Lyon", "Nice"]
     picked = mmgate("generate", question, *[a for c in choices for a in ("--choice", c)], *target)
     assert picked.strip() in choices
+
+
+async def test_any_json_object_from_the_real_model(default_server: RunningServer) -> None:
+    async with MmgateClient(default_server.target, timeout=120.0) as client:
+        answer = await client.complete(
+            "Describe Paris as a JSON object with a name and a country.",
+            temperature=0.0,
+            max_tokens=120,
+            json_object=True,
+        )
+    assert answer.final.finish_reason == pb.FINISH_REASON_STOP, answer.text
+    assert isinstance(json.loads(answer.text), dict)
