@@ -88,7 +88,7 @@ async def test_regex_choice_grammar_and_any_object_hold(client: MmgateClient) ->
     assert answers[8].text in ("yes", "no", "maybe")
     # any object has no bound: random weights may write one key until max_tokens (the real
     # model's whole object: tests/services/models/test_default_model.py)
-    assert answers[9].text.startswith('{"'), answers[9].text
+    assert answers[9].text.startswith("{"), answers[9].text
 
 
 async def test_the_constraint_is_part_of_the_response_key(client: MmgateClient) -> None:
