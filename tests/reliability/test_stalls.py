@@ -221,7 +221,9 @@ async def test_a_stopped_engine_turns_health_not_serving_and_back(
     assert finals[0].final.usage.completion_tokens == 900
 
     health = (await client.stats()).engine_health
-    assert (health.state, health.in_flight, health.stalls) == ("serving", 0, stalls_before + 1)
+    assert (health.state, health.in_flight) == ("serving", 0)
+    # the stop was counted; a core catching up on a loaded host may be seen stalling once more
+    assert stalls_before + 1 <= health.stalls <= stalls_before + 2
     log = chaos_server.log(400)
     assert "engine stalled: no engine step for" in log
     assert "('long-story')" in log  # the log names what is waiting, by the caller's label
