@@ -313,12 +313,13 @@ def _constraint(
         return Constraint("json_object")
     if kind == "choice":
         choices = tuple(s.choice.choices)
+        chars = sum(map(len, choices))
         if not choices:
             bad(f"{where}.choices", "must hold at least one string")
         elif len(choices) > settings.max_choices:
             bad(f"{where}.choices", f"{len(choices)} strings; the limit is {settings.max_choices}")
-        elif sum(map(len, choices)) > limit:
-            bad(f"{where}.choices", f"{sum(map(len, choices))} characters; the limit is {limit}")
+        elif chars > limit:
+            bad(f"{where}.choices", f"{chars} characters; the limit is {limit}")
         elif not all(choices):
             bad(f"{where}.choices", "must not hold an empty string")
         return Constraint("choice", choices=choices)

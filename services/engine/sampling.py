@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 # where a grammar library's message names its own source: "[06:17:34] /project/cpp/x.cc:83: "
 _SOURCE_PREFIX = re.compile(r"\[\d\d:\d\d:\d\d\] \S+:\d+: ")
 
+# vLLM's name for each constraint given as text
+_VLLM_NAMES = {"json_schema": "json", "regex": "regex", "grammar": "grammar"}
+
 # vLLM's name for each optional field, where mmgate's is the same
 _OPTIONAL = (
     "temperature",
@@ -67,17 +70,11 @@ def _structured(constraint: Constraint | None) -> Any:
         return None
     from vllm.sampling_params import StructuredOutputsParams
 
-    match constraint.kind:
-        case "json_schema":
-            return StructuredOutputsParams(json=constraint.text)
-        case "regex":
-            return StructuredOutputsParams(regex=constraint.text)
-        case "grammar":
-            return StructuredOutputsParams(grammar=constraint.text)
-        case "choice":
-            return StructuredOutputsParams(choice=list(constraint.choices))
-        case "json_object":
-            return StructuredOutputsParams(json_object=True)
+    if constraint.kind == "choice":
+        return StructuredOutputsParams(choice=list(constraint.choices))
+    if constraint.kind == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    return StructuredOutputsParams(**{_VLLM_NAMES[constraint.kind]: constraint.text})
 
 
 def refusal(refused: VLLMValidationError, sampling: Sampling) -> InvalidRequest:
