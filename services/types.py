@@ -61,6 +61,11 @@ class Sampling:
     # (token id, bias), by token id: a tuple, so that two equal biases make one key
     logit_bias: tuple[tuple[int, float], ...] = ()
     constraint: Constraint | None = None
+    # samples of the prompt (with a seed, sample i is drawn with seed + i)
+    n: int = 1
+    # alternatives reported per output token, per prompt token (None: no log-probabilities)
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     @property
     def deterministic(self) -> bool:
@@ -89,7 +94,9 @@ class ImageInput:
 @final
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
-    """A request that passed validation; ``max_tokens_set`` False: "what the context allows"."""
+    """A request that passed validation; ``max_tokens_set`` False: "what the context allows".
+
+    One of ``prompt``, ``chat`` and ``token_ids`` is set: the input the caller chose."""
 
     prompt: str | None
     chat: tuple[ChatTurn, ...] | None
@@ -100,6 +107,8 @@ class GenerationRequest:
     images: tuple[ImageInput, ...] = ()
     # keep only the rendered prompt's last this many tokens (None: all of them)
     truncate_prompt_tokens: int | None = None
+    # a prompt the caller tokenized: neither rendered nor tokenized here
+    token_ids: tuple[int, ...] | None = None
 
 
 # ── what the pipeline makes of it ───────────────────────────────────────────────────────────
@@ -146,6 +155,8 @@ class EngineRequest:
     label: str = ""
     # the tenant's salt of the engine's prefix cache (pipeline/tenancy.py); None: shared
     cache_salt: str | None = None
+    # one output per sample when it has ended, none at each step (a unary call's own run)
+    final_only: bool = False
 
 
 @final
@@ -185,8 +196,27 @@ class EngineTimes:
 
 @final
 @dataclass(frozen=True, slots=True)
+class Logprob:
+    """A token's log-probability (natural log), with the token's text alone."""
+
+    token_id: int
+    logprob: float
+    text: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """One position: the token there, and the most likely tokens, most likely first."""
+
+    token: Logprob
+    top: tuple[Logprob, ...]
+
+
+@final
+@dataclass(frozen=True, slots=True)
 class EngineDelta:
-    """New tokens of one request; ``finish_reason`` is set on the last one."""
+    """New tokens of one sample of a request; ``finish_reason`` is set on the sample's last."""
 
     text: str
     token_ids: tuple[int, ...]
@@ -194,6 +224,24 @@ class EngineDelta:
     num_cached_tokens: int = 0
     # the prompt as the engine ran it: each image placeholder expanded to the image's tokens
     prompt_tokens: int = 0
+    index: int = 0  # the sample
+    # one per token id, when the request asked for log-probabilities
+    logprobs: tuple[TokenLogprobs, ...] = ()
+    # the stop string or stop token id that ended the sample (None: any other end)
+    stop_reason: str | int | None = None
+    # the prompt's (every token after the first), on the first delta that has them
+    prompt_logprobs: tuple[TokenLogprobs, ...] = ()
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SampleEnd:
+    """How one sample ended: ``finish_reason`` None when it did not (the run was cut)."""
+
+    index: int
+    finish_reason: str | None
+    stop_reason: str | int | None
+    completion_tokens: int
 
 
 @final
@@ -210,6 +258,8 @@ class Finished:
     response_from_cache: bool
     lookups: tuple[LookupReport, ...]
     images: tuple[ImageReport, ...]
+    samples: tuple[SampleEnd, ...] = ()
+    prompt_logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 # ── snapshots ───────────────────────────────────────────────────────────────────────────────
@@ -321,11 +371,14 @@ __all__ = [
     "GenerationRequest",
     "ImageInput",
     "ImageReport",
+    "Logprob",
     "LookupReport",
     "MediaForm",
     "MediaStats",
     "ModelFacts",
     "RenderedPrompt",
+    "SampleEnd",
     "Sampling",
     "ThreadPoolStats",
+    "TokenLogprobs",
 ]

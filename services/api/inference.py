@@ -5,6 +5,7 @@
         ─▶ the pipeline (UNAVAILABLE until the engine has started) ─▶ check_ready ─▶ validate
         ─▶ Request(checked, tenant, deadline, trace headers) ─▶ Pipeline.generate
         ─▶ EngineDelta ... Finished ─▶ TokenDelta ... TokenDelta, GenerateFinal (usage, cache)
+                                   or ─▶ CompleteResponse: a Choice per sample (Complete)
 
 Every wait inside a request is bounded by the call's deadline (``context.time_remaining()``, or
 ``default_deadline_seconds`` when the client set none). Leaving early, by cancellation or deadline,
@@ -26,12 +27,19 @@ from ..pipeline.generation import Pipeline, PipelineRef
 from ..pipeline.request import Request, loop_deadline
 from ..proto.mmgate.v1 import inference_pb2 as pb
 from ..proto.mmgate.v1 import inference_pb2_grpc
-from ..types import EngineDelta, Finished, ImageReport, LookupReport
+from ..types import (
+    EngineDelta,
+    Finished,
+    ImageReport,
+    LookupReport,
+    SampleEnd,
+    TokenLogprobs,
+)
 from .admission import Admission
 from .auth import current_caller
 from .metadata import call_deadline, trace_headers
 from .status import ServiceError, abort, from_exception
-from .validation import validate
+from .validation import MAX_LOGPROBS, validate
 
 _FINISH = {
     "stop": pb.FINISH_REASON_STOP,
@@ -62,21 +70,35 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         # aborts the engine request), instead of whenever garbage collection finalizes them.
         async with contextlib.aclosing(self._serve(request, context)) as events:
             async for event in events:
-                await context.write(event)
+                await context.write(_message(event))
 
     async def Complete(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> pb.CompleteResponse:
+        texts: dict[int, list[str]] = {}
+        choices: dict[int, pb.Choice] = {}
         response = pb.CompleteResponse()
-        texts: list[str] = []
-        async with contextlib.aclosing(self._serve(request, context)) as events:
+        async with contextlib.aclosing(self._serve(request, context, whole=True)) as events:
             async for event in events:
-                if event.HasField("delta"):
-                    texts.append(event.delta.text)
-                    response.token_ids.extend(event.delta.token_ids)
+                if isinstance(event, EngineDelta):
+                    choice = choices.get(event.index)
+                    if choice is None:
+                        choice = choices[event.index] = pb.Choice(index=event.index)
+                        texts[event.index] = []
+                    texts[event.index].append(event.text)
+                    choice.token_ids.extend(event.token_ids)
+                    choice.logprobs.extend(map(_logprobs, event.logprobs))
                 else:
-                    response.final.CopyFrom(event.final)
-        response.text = "".join(texts)
+                    response.final.CopyFrom(_final(event))
+                    for end in event.samples:
+                        choice = choices.setdefault(end.index, pb.Choice(index=end.index))
+                        choice.text = "".join(texts.get(end.index, ()))
+                        choice.end.CopyFrom(_sample_end(end))
+        response.choices.extend(choice for _, choice in sorted(choices.items()))
+        if response.choices:
+            # the fields of one sample's answer, as before there were several
+            response.text = response.choices[0].text
+            response.token_ids.extend(response.choices[0].token_ids)
         return response
 
     async def GetModelInfo(
@@ -108,14 +130,16 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 max_logit_bias=settings.max_logit_bias,
                 max_constraint_chars=settings.max_constraint_chars,
                 max_choices=settings.max_choices,
+                max_samples=settings.max_samples,
+                max_logprobs=MAX_LOGPROBS,
             ),
         )
 
     # ── one call ────────────────────────────────────────────────────────────────────────────
 
     async def _serve(
-        self, message: pb.GenerateRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncGenerator[pb.GenerateResponse, None]:
+        self, message: pb.GenerateRequest, context: grpc.aio.ServicerContext, *, whole: bool = False
+    ) -> AsyncGenerator[EngineDelta | Finished, None]:
         tenant = current_caller().tenant
         error: ServiceError | None = None
         try:
@@ -124,9 +148,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 pipeline = self.pipeline.get()
                 async with asyncio.timeout_at(loop_deadline(deadline)):
                     request = self._request(pipeline, message, context, tenant, deadline)
-                    async with contextlib.aclosing(pipeline.generate(request)) as events:
+                    events = pipeline.generate(request, whole=whole)
+                    async with contextlib.aclosing(events):
                         async for event in events:
-                            yield _message(event)
+                            yield event
         except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
             error = from_exception(exc)
         if error is not None:
@@ -153,24 +178,56 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
 def _message(event: EngineDelta | Finished) -> pb.GenerateResponse:
     if isinstance(event, EngineDelta):
-        return pb.GenerateResponse(delta=pb.TokenDelta(text=event.text, token_ids=event.token_ids))
-    return pb.GenerateResponse(
-        final=pb.GenerateFinal(
-            finish_reason=_FINISH.get(event.finish_reason or "", pb.FINISH_REASON_UNSPECIFIED),
-            usage=pb.Usage(
-                prompt_tokens=event.prompt_tokens,
-                completion_tokens=event.completion_tokens,
-                cached_prompt_tokens=event.cached_prompt_tokens,
-            ),
-            cache=pb.CacheReport(
-                lookups=[_lookup(report) for report in event.lookups],
-                cached_prompt_tokens=event.cached_prompt_tokens,
-                response_from_cache=event.response_from_cache,
-                images=[_image_report(report) for report in event.images],
-            ),
-            request_id=event.request_id,
-            model=event.model,
-        )
+        delta = pb.TokenDelta(text=event.text, token_ids=event.token_ids, index=event.index)
+        if event.logprobs:
+            delta.logprobs.extend(map(_logprobs, event.logprobs))
+        return pb.GenerateResponse(delta=delta)
+    return pb.GenerateResponse(final=_final(event))
+
+
+def _finish(reason: str | None) -> pb.FinishReason:
+    return _FINISH.get(reason or "", pb.FINISH_REASON_UNSPECIFIED)
+
+
+def _logprobs(position: TokenLogprobs) -> pb.TokenLogprobs:
+    token = position.token
+    return pb.TokenLogprobs(
+        token=pb.Logprob(token_id=token.token_id, logprob=token.logprob, text=token.text),
+        top=[pb.Logprob(token_id=t.token_id, logprob=t.logprob, text=t.text) for t in position.top],
+    )
+
+
+def _sample_end(end: SampleEnd) -> pb.SampleEnd:
+    sample = pb.SampleEnd(
+        index=end.index,
+        finish_reason=_finish(end.finish_reason),
+        completion_tokens=end.completion_tokens,
+    )
+    if isinstance(end.stop_reason, str):
+        sample.stop_string = end.stop_reason
+    elif isinstance(end.stop_reason, int):
+        sample.stop_token_id = end.stop_reason
+    return sample
+
+
+def _final(event: Finished) -> pb.GenerateFinal:
+    return pb.GenerateFinal(
+        finish_reason=_finish(event.finish_reason),
+        usage=pb.Usage(
+            prompt_tokens=event.prompt_tokens,
+            completion_tokens=event.completion_tokens,
+            cached_prompt_tokens=event.cached_prompt_tokens,
+        ),
+        cache=pb.CacheReport(
+            lookups=[_lookup(report) for report in event.lookups],
+            cached_prompt_tokens=event.cached_prompt_tokens,
+            response_from_cache=event.response_from_cache,
+            images=[_image_report(report) for report in event.images],
+        ),
+        request_id=event.request_id,
+        model=event.model,
+        samples=[_sample_end(end) for end in event.samples],
+        prompt_logprobs=[_logprobs(position) for position in event.prompt_logprobs],
     )
 
 

@@ -27,6 +27,10 @@ from ..wire import IMAGE_PLACEHOLDER, MIME_TYPES, is_digest
 ROLES = frozenset({"system", "user", "assistant"})
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
 MAX_STOP_CHARS = 256
+# alternatives per token (SamplingParams.logprobs, prompt_logprobs): vLLM's default max_logprobs
+MAX_LOGPROBS = 20
+# token ids named one by one in a refusal: the rest are counted
+_NAMED_IDS = 8
 
 
 _POLICIES: dict[int, CachePolicy] = {
@@ -65,9 +69,12 @@ def validate(
 
     prompt: str | None = None
     chat: tuple[ChatTurn, ...] | None = None
+    token_ids: tuple[int, ...] | None = None
     kind = request.WhichOneof("input")
     if kind is None:
-        bad("input", "set either prompt or chat")
+        bad("input", "set prompt, chat or token_ids")
+    elif kind == "token_ids":
+        token_ids = _token_ids(request.token_ids, max_model_len, vocab_size, bad)
     elif kind == "prompt":
         prompt = request.prompt
         if not prompt.strip():
@@ -109,7 +116,10 @@ def validate(
         if request.images:
             # the last tokens could begin inside an image's placeholder tokens
             bad("sampling.truncate_prompt_tokens", "cannot be used with images")
-    if takes_images:
+    if kind == "token_ids" and request.images:
+        # an image's tokens are the engine's to place: it needs the placeholder in a text
+        bad("images", "token_ids take no images; send the prompt as text or chat")
+    elif takes_images:
         text_field = "prompt" if kind == "prompt" else "chat.messages"
         texts = [prompt] if prompt is not None else [t.content for t in chat or ()]
         _images(request.images, texts, text_field, settings, bad)
@@ -132,7 +142,31 @@ def validate(
         cache_policy=_POLICIES[request.cache_policy],
         images=tuple(image_input(i, image) for i, image in enumerate(request.images)),
         truncate_prompt_tokens=truncate,
+        token_ids=token_ids,
     )
+
+
+def _token_ids(
+    message: pb.TokenIds,
+    max_model_len: int,
+    vocab_size: int | None,
+    bad: Callable[[str, str], None],
+) -> tuple[int, ...]:
+    """A tokenized prompt: not empty, within the context, every id in the vocabulary."""
+    ids = tuple(message.ids)
+    if _has_unknown_fields(message):
+        bad("token_ids", "carries fields this server does not know")
+    if not ids:
+        bad("token_ids.ids", "must hold at least one token id")
+    elif len(ids) >= max_model_len:
+        bad("token_ids.ids", f"{len(ids)} tokens; the model takes at most {max_model_len - 1}")
+    elif vocab_size is not None:
+        outside = [i for i, token in enumerate(ids) if token >= vocab_size]
+        for i in outside[:_NAMED_IDS]:
+            bad(f"token_ids.ids[{i}]", f"{ids[i]} is not below the vocabulary's {vocab_size}")
+        if len(outside) > _NAMED_IDS:
+            bad("token_ids.ids", f"{len(outside)} ids in all are not below {vocab_size}")
+    return ids
 
 
 def image_input(index: int, image: pb.Image) -> ImageInput:
@@ -232,6 +266,9 @@ def _sampling(
             1 <= s.stream_interval <= max_model_len,
             f"between 1 and {max_model_len}",
         ),
+        ("n", 1 <= s.n <= settings.max_samples, f"between 1 and {settings.max_samples}"),
+        ("logprobs", s.logprobs <= MAX_LOGPROBS, f"between 0 and {MAX_LOGPROBS}"),
+        ("prompt_logprobs", s.prompt_logprobs <= MAX_LOGPROBS, f"between 0 and {MAX_LOGPROBS}"),
     ]
     for name, ok, rule in checks:
         if s.HasField(name) and not ok:
@@ -265,7 +302,13 @@ def _sampling(
         skip_special_tokens=s.skip_special_tokens if s.HasField("skip_special_tokens") else True,
         logit_bias=tuple(sorted(s.logit_bias.items())),
         constraint=_constraint(s, settings, bad),
+        n=s.n if s.HasField("n") else 1,
+        logprobs=s.logprobs if s.HasField("logprobs") else None,
+        prompt_logprobs=s.prompt_logprobs if s.HasField("prompt_logprobs") else None,
     )
+    if sampling.n > 1 and sampling.temperature == 0.0:
+        # the engine refuses it: greedy sampling gives one answer, n times
+        bad("sampling.n", f"{sampling.n} samples need a temperature above 0")
     if s.HasField("min_tokens") and max_tokens_set and s.min_tokens > max_tokens:
         bad("sampling.min_tokens", f"{s.min_tokens} is more than max_tokens ({max_tokens})")
     elif s.min_tokens >= max_model_len:

@@ -25,6 +25,7 @@ from pathlib import Path
 import grpc
 
 from ..client import DEFAULT_TARGET, MmgateClient
+from ..proto.mmgate.v1 import inference_pb2
 from . import arguments, bench
 from .stats_view import render_stats
 
@@ -61,6 +62,8 @@ async def _generate(args: argparse.Namespace) -> int:
         "json_schema": args.json_schema_text,
         "regex": args.regex,
         "choice": args.choice or None,
+        "n": args.n if args.n != 1 else None,
+        "logprobs": args.logprobs,
     }
     async with MmgateClient(
         args.target,
@@ -75,8 +78,19 @@ async def _generate(args: argparse.Namespace) -> int:
             sys.stdout.write("\n")
         else:
             response = await client.complete(args.prompt, **options)
-            sys.stdout.write(response.text + "\n")
+            sys.stdout.write(_choices(response, several=args.n > 1))
     return 0
+
+
+def _choices(response: inference_pb2.CompleteResponse, *, several: bool) -> str:
+    """Each sample's text (numbered when several), each token's log-probability when asked."""
+    lines: list[str] = []
+    for choice in response.choices:
+        lines.append(f"[{choice.index}] {choice.text}" if several else choice.text)
+        for position in choice.logprobs:
+            top = "  ".join(f"{alt.text!r} {alt.logprob:.4f}" for alt in position.top)
+            lines.append(f"  {position.token.text!r}\t{position.token.logprob:.4f}\t{top}")
+    return "".join(line + "\n" for line in lines)
 
 
 async def _stats(args: argparse.Namespace) -> int:
@@ -171,6 +185,15 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         help="an image file (PNG, JPEG, WebP) for each <image> in the prompt; repeatable",
     )
+    generate.add_argument(
+        "-n", type=arguments.count, default=1, help="samples of the prompt (not with --stream)"
+    )
+    generate.add_argument(
+        "--logprobs",
+        type=int,
+        metavar="K",
+        help="print each token's log-probability and the K most likely alternatives",
+    )
     form = generate.add_mutually_exclusive_group()
     form.add_argument("--json-schema", metavar="FILE", help="the answer is an instance of it")
     form.add_argument("--regex", help="the answer matches this regular expression")
@@ -214,7 +237,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["serve"]:
         return _serve(argv[1:])
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "generate" and args.stream and args.n > 1:
+        parser.error("--stream shows one sample: leave out -n, or --stream")
     try:
         if args.command == "generate":
             args.image_bytes = [Path(path).read_bytes() for path in args.image]

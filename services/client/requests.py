@@ -44,12 +44,16 @@ def build_request(
     raw: bool = False,
     request_id: str = "",
     cache_policy: str = "prompt",
+    token_ids: Sequence[int] | None = None,
     **sampling: Any,
 ) -> inference_pb2.GenerateRequest:
-    """A GenerateRequest; ``sampling`` takes SamplingParams' fields (max_tokens, temperature...).
+    """A GenerateRequest; ``sampling`` takes SamplingParams' fields (max_tokens, temperature,
+    n, logprobs, prompt_logprobs...).
 
-    One constraint at most: ``json_schema`` (JSON text or a dict), ``regex``, ``grammar``,
-    ``choice`` (a list of strings) or ``json_object=True``."""
+    The input: ``prompt`` (chat-rendered unless ``raw``), ``messages``, or ``token_ids`` (a
+    prompt tokenized with the served model's tokenizer). One constraint at most:
+    ``json_schema`` (JSON text or a dict), ``regex``, ``grammar``, ``choice`` (a list of
+    strings) or ``json_object=True``."""
     fields = {k: v for k, v in sampling.items() if v is not None}
     if isinstance(fields.get("json_schema"), Mapping):
         fields["json_schema"] = json.dumps(fields["json_schema"])
@@ -61,6 +65,9 @@ def build_request(
         sampling=inference_pb2.SamplingParams(**fields),
         images=[inference_pb2.Image(data=data) for data in images],
     )
+    if token_ids is not None:
+        request.token_ids.ids.extend(token_ids)
+        return request
     texts = [prompt or ""] + [content for _, content in messages or ()]
     if images and prompt is not None and not any(IMAGE_PLACEHOLDER in t for t in texts):
         prompt = IMAGE_PLACEHOLDER * len(images) + "\n" + prompt

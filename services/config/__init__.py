@@ -77,6 +77,9 @@ class Settings(BaseSettings):
     characters: the engine compiles it into a grammar before the request's first token."""
     max_choices: int = Field(1024, gt=0)
     """Most strings in a request's choice constraint."""
+    max_samples: int = Field(8, gt=0)
+    """Most samples a request may ask of one prompt (SamplingParams.n): each is a sequence in
+    the engine, as a request of its own is."""
     default_max_tokens: int = Field(256, gt=0)
     """max_tokens of a request that sets none (less where the context window ends first)."""
     max_concurrent_requests: int = Field(256, gt=0)

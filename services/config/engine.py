@@ -70,6 +70,9 @@ class EngineSettings(BaseModel):
     """JSON constrained output holds no whitespace between tokens (vLLM's
     disable_any_whitespace): a small model otherwise can spend its max_tokens on blank lines.
     Needs a named backend (xgrammar or guidance)."""
+    unary_final_only: bool = True
+    """A unary Complete that no other request can join asks the engine for its final output
+    only, instead of an output at every step (false: every step, as a stream; for comparison)."""
     extra: dict[str, Any] = Field(default_factory=dict)
     """Any other vLLM engine argument, as JSON: '{"swap_space": 2}'."""
 

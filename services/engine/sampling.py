@@ -38,8 +38,9 @@ _OPTIONAL = (
 )
 
 
-def vllm_sampling(sampling: Sampling) -> SamplingParams:
-    """The engine's parameters for one request, its output streamed as deltas."""
+def vllm_sampling(sampling: Sampling, *, final_only: bool = False) -> SamplingParams:
+    """The engine's parameters for one request, its output streamed as deltas (``final_only``:
+    one output when every sample has ended)."""
     from vllm import SamplingParams
     from vllm.exceptions import VLLMValidationError
     from vllm.sampling_params import RequestOutputKind
@@ -56,7 +57,10 @@ def vllm_sampling(sampling: Sampling) -> SamplingParams:
             logit_bias=dict(sampling.logit_bias) or None,
             structured_outputs=_structured(sampling.constraint),
             ignore_eos=sampling.ignore_eos,
-            output_kind=RequestOutputKind.DELTA,
+            n=sampling.n,
+            logprobs=sampling.logprobs,
+            prompt_logprobs=sampling.prompt_logprobs,
+            output_kind=RequestOutputKind.FINAL_ONLY if final_only else RequestOutputKind.DELTA,
             **optional,
         )
     except VLLMValidationError as refused:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import torch
 
 MAGIC: Final = b"MMGATE\x00"
-VERSION: Final = 2
+VERSION: Final = 3
 _PREFIX: Final = len(MAGIC) + 1 + 4
 # no header of ours comes near this: a length beyond it is not one of our values
 _MAX_HEADER: Final = 4096

@@ -1,8 +1,8 @@
 """The engine worker: one vLLM ``AsyncLLM`` in this process, its engine core in a child process.
 
-    pipeline ── generate(EngineRequest: token ids, Sampling, images) ──▶ AsyncLLM.generate (DELTA)
-        ▲                                                                  │ RequestOutput
-        └──────── EngineDelta (text, token ids, finish, times) ◀── outputs.delta_of
+    pipeline ── generate(EngineRequest: token ids, Sampling, images) ──▶ AsyncLLM.generate
+        ▲                                             (DELTA, or FINAL_ONLY) │ RequestOutput
+        └──── EngineDelta per sample (text, token ids, finish, logprobs) ◀── outputs.deltas_of
     vLLM's output handler ── record(scheduler, iteration stats) ──▶ stats.py ─▶ EngineStats
 
 vLLM is imported when the worker starts, not when this module is imported: the import alone takes
@@ -23,7 +23,7 @@ from ..errors import EngineUnavailable
 from ..observability.spans import EngineTrace
 from ..types import EngineDelta, EngineRequest, EngineStats, EngineTokenStats, ModelFacts
 from .dtypes import VERDICTS_FILE, Cpu, DtypeChoice, Verdicts, choose_dtype, this_cpu
-from .outputs import delta_of, times_of
+from .outputs import deltas_of, times_of
 from .progress import Progress
 from .sampling import refusal, vllm_sampling
 from .stats import Counters, TokenCounters, stats_recorder_factory
@@ -225,7 +225,7 @@ class EngineWorker:
 
         engine = self._require()
         request_id, sampling, images = request.request_id, request.sampling, request.images
-        params = vllm_sampling(sampling)
+        params = vllm_sampling(sampling, final_only=request.final_only)
         # set once vLLM says the request finished ("abort" included); None: it is still running
         finish_reason: str | None = None
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
@@ -254,10 +254,13 @@ class EngineWorker:
             async with contextlib.aclosing(outputs):
                 async for output in outputs:
                     last = output
-                    delta = delta_of(output)
-                    span.observe(delta)
-                    finish_reason = delta.finish_reason
-                    yield delta
+                    deltas = deltas_of(output, sampling.logprobs, sampling.prompt_logprobs)
+                    if output.finished:  # every sample has ended
+                        ended = {delta.finish_reason for delta in deltas}
+                        finish_reason = "abort" if "abort" in ended else "finished"
+                    for delta in deltas:
+                        span.observe(delta)
+                        yield delta
         except VLLMValidationError as refused:
             # vLLM checks a request (its constraint above all) as it takes it: nothing ran, so
             # nothing to count as aborted or to abort

@@ -112,7 +112,7 @@ class EngineTrace:
 
     __slots__ = (
         "_cached",
-        "_finish",
+        "_finishes",
         "_first_at",
         "_last_at",
         "_outputs",
@@ -128,7 +128,7 @@ class EngineTrace:
         self._outputs = 0
         self._prompt_tokens = 0
         self._cached = 0
-        self._finish: str | None = None
+        self._finishes: list[str] = []  # each sample's, as it ends
         self._started_at = time.monotonic()
         self._first_at = 0.0
         self._last_at = 0.0
@@ -163,6 +163,8 @@ class EngineTrace:
                 attributes[name] = value
         if sampling.stop:
             attributes["gen_ai.request.stop_sequences"] = list(sampling.stop)
+        if sampling.n > 1:
+            attributes["gen_ai.request.choice.count"] = sampling.n
         if (constraint := sampling.constraint) is not None:
             # the kind only: a schema or regex is the caller's text, not a span's
             json = constraint.kind in ("json_schema", "json_object")
@@ -196,7 +198,7 @@ class EngineTrace:
         self._prompt_tokens = delta.prompt_tokens or self._prompt_tokens
         self._cached = delta.num_cached_tokens or self._cached
         if delta.finish_reason is not None:
-            self._finish = delta.finish_reason
+            self._finishes.append(delta.finish_reason)
 
     def end(self, error: BaseException | None = None, times: EngineTimes | None = None) -> None:
         """End the span; ``times``: vLLM's timestamps of the request, for its phases."""
@@ -216,8 +218,8 @@ class EngineTrace:
         }
         if self._prompt_tokens:
             attributes["gen_ai.usage.input_tokens"] = self._prompt_tokens
-        if self._finish is not None:
-            attributes["gen_ai.response.finish_reasons"] = [self._finish]
+        if self._finishes:
+            attributes["gen_ai.response.finish_reasons"] = self._finishes
         else:
             # left before the engine finished: the stream was closed, and that aborts it
             attributes["mmgate.engine.aborted"] = True

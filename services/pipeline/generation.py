@@ -7,7 +7,12 @@
             ─▶ response stage (actor flight, only for the "response" policy and a   responses.py
                deterministic request: one engine run shared by identical requests)
                or straight to the engine                                            engine/
-            ─▶ EngineDelta ... EngineDelta, Finished (usage, cache reports)
+            ─▶ EngineDelta ... EngineDelta (samples interleaved), Finished (each sample's
+               end, usage, cache reports)
+
+A unary call (``whole``) whose run no other request can join asks the engine for its outputs at
+the end only (FINAL_ONLY): one output instead of one per step, for a caller that reads none of
+them before the end.
 
 No gRPC here: the API edge turns GenerateRequest into a Request and these events into messages.
 Every wait is bounded by the request's deadline; leaving the stream early (cancellation,
@@ -33,6 +38,8 @@ from ..types import (
     GenerationRequest,
     ImageReport,
     MediaStats,
+    SampleEnd,
+    TokenLogprobs,
 )
 from .budget import fit
 from .chaos import NoChaos, injector
@@ -101,8 +108,11 @@ class Pipeline:
         if with_images:
             self.media.refuse()  # a text model's stage says why: ModelTakesNoImages
 
-    async def generate(self, request: Request) -> AsyncGenerator[EngineDelta | Finished, None]:
-        """The request's token deltas (each with text or tokens), then one Finished."""
+    async def generate(
+        self, request: Request, *, whole: bool = False
+    ) -> AsyncGenerator[EngineDelta | Finished, None]:
+        """The request's token deltas (each with text or tokens), then one Finished; ``whole``:
+        the caller reads nothing before the end (unary)."""
         checked, engine, media = request.checked, self.engine, self.media
         self.chaos.at_request(request.tenant)
         prompt = await self.prompts.prompt(request, engine.model_name)
@@ -125,30 +135,47 @@ class Pipeline:
         if checked.cache_policy == "response" and sampling.deterministic:
             stream, from_cache = await self.responses.share(request, prompt, sampling, images)
         else:
-            run = request.engine_request(prompt.token_ids, sampling, images)
+            final_only = whole and self.settings.engine.unary_final_only
+            run = request.engine_request(prompt.token_ids, sampling, images, final_only=final_only)
             stream = self.chaos.engine(engine.generate(run), request.tenant)
 
-        completion_tokens = 0
+        tokens = dict.fromkeys(range(sampling.n), 0)  # each sample's completion tokens
+        ends: dict[int, EngineDelta] = {}  # each sample's last delta
         prompt_tokens = 0
+        prompt_logprobs: tuple[TokenLogprobs, ...] = ()
         last = EngineDelta("", ())
         async with contextlib.aclosing(stream) as deltas:
             async for delta in deltas:
-                completion_tokens += len(delta.token_ids)
+                tokens[delta.index] = tokens.get(delta.index, 0) + len(delta.token_ids)
                 prompt_tokens = delta.prompt_tokens or prompt_tokens
+                prompt_logprobs = delta.prompt_logprobs or prompt_logprobs
                 last = delta
+                if delta.finish_reason is not None:
+                    ends[delta.index] = delta
                 if delta.text or delta.token_ids:
                     yield delta
+        samples = tuple(
+            SampleEnd(
+                index,
+                ends[index].finish_reason if index in ends else None,
+                ends[index].stop_reason if index in ends else None,
+                count,
+            )
+            for index, count in sorted(tokens.items())
+        )
         cached_prompt_tokens = 0 if from_cache else last.num_cached_tokens
         yield Finished(
             request_id=checked.request_id,
             model=engine.model_name,
-            finish_reason=last.finish_reason,
+            finish_reason=samples[0].finish_reason,
             prompt_tokens=prompt_tokens or len(prompt.token_ids),
-            completion_tokens=completion_tokens,
+            completion_tokens=sum(tokens.values()),
             cached_prompt_tokens=cached_prompt_tokens,
             response_from_cache=from_cache,
             lookups=tuple(request.lookups),
             images=image_reports,
+            samples=samples,
+            prompt_logprobs=prompt_logprobs,
         )
 
     async def close(self) -> None:

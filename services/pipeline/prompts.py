@@ -2,6 +2,7 @@
 
     GenerationRequest ─ prompt_payload ─▶ cache key ─▶ cache flight: render (chat template or raw
     text) and tokenize in a thread, with that thread's own tokenizer ─▶ RenderedPrompt, cached
+    token ids the caller sent ─▶ RenderedPrompt as they are (lookup: bypass, no key)
 
 Rendering a chat template and tokenizing are CPU work, so they run in a thread, inside a cache-actor
 flight: identical prompts arriving together are tokenized once, and again never while cached.
@@ -114,6 +115,13 @@ def _render_with(tokenizer: Any, request: GenerationRequest) -> RenderedPrompt:
     return RenderedPrompt(text=text, token_ids=tuple(int(i) for i in ids))
 
 
+def tokenized(token_ids: tuple[int, ...], keep: int | None) -> RenderedPrompt:
+    """A prompt the caller tokenized, its last ``keep`` tokens (None: all); no text."""
+    if keep is not None and len(token_ids) > keep:
+        token_ids = token_ids[len(token_ids) - keep :]
+    return RenderedPrompt(text="", token_ids=token_ids)
+
+
 async def render(
     tokenizers: RenderTokenizers, request: GenerationRequest, threads: ThreadPools
 ) -> RenderedPrompt:
@@ -137,8 +145,12 @@ class PromptStage:
     async def prompt(self, request: Request, model: str) -> RenderedPrompt:
         """The request's prompt: from the cache, or rendered (``bypass``: always rendered)."""
         checked = request.checked
-        key = cache_key(model, "prompt", prompt_payload(checked))
         started = time.perf_counter()
+        if checked.token_ids is not None:
+            # nothing to render or tokenize, so nothing to look up: no key
+            request.report("prompt", "", None, started)
+            return tokenized(checked.token_ids, checked.truncate_prompt_tokens)
+        key = cache_key(model, "prompt", prompt_payload(checked))
         if checked.cache_policy == "bypass":
             rendered = await render(self.tokenizers, checked, self.threads)
             request.report("prompt", key, None, started)
@@ -155,4 +167,11 @@ class PromptStage:
         return lookup.value
 
 
-__all__ = ["PromptStage", "RenderTokenizers", "content_parts", "prompt_payload", "render"]
+__all__ = [
+    "PromptStage",
+    "RenderTokenizers",
+    "content_parts",
+    "prompt_payload",
+    "render",
+    "tokenized",
+]

@@ -55,11 +55,16 @@ class Request:
         return seconds_left(self.deadline)
 
     def engine_request(
-        self, prompt_token_ids: tuple[int, ...], sampling: Sampling, images: EngineImages | None
+        self,
+        prompt_token_ids: tuple[int, ...],
+        sampling: Sampling,
+        images: EngineImages | None,
+        *,
+        final_only: bool = False,
     ) -> EngineRequest:
         """A run of the engine for this request (or, shared, for everyone who joins it), under an
         id of mmgate's own: no caller can name, or abort, another's engine request. The caller's
-        id is its label, for spans and logs."""
+        id is its label, for spans and logs. ``final_only``: the run's outputs at its end only."""
         return EngineRequest(
             request_id=f"mmgate-{uuid.uuid4().hex}",
             label=self.checked.request_id,
@@ -68,6 +73,7 @@ class Request:
             images=images,
             trace_headers=self.trace_headers or None,
             cache_salt=self.cache_salt,
+            final_only=final_only,
         )
 
     def report(

@@ -37,6 +37,8 @@ log = logging.getLogger("mmgate.responses")
 
 # Bytes a streamed token costs in a recording (id, text, bookkeeping): the weight admitted up front.
 BYTES_PER_TOKEN = 64
+# Bytes one log-probability costs (a token id, a float, a token's text, the object around them)
+BYTES_PER_LOGPROB = 160
 # A producer whose first listener does not come in this long (its caller left during the lookup)
 # never starts the engine.
 FIRST_LISTENER_SECONDS = 5.0
@@ -44,14 +46,31 @@ FIRST_LISTENER_SECONDS = 5.0
 ABORT_WAIT_SECONDS = 5.0
 
 
+def weight(sampling: Sampling, prompt_tokens: int) -> int:
+    """What a run's recording may grow to: every sample's tokens, with their log-probabilities
+    and the prompt's when asked."""
+    per_token = BYTES_PER_TOKEN
+    if sampling.logprobs is not None:
+        per_token += BYTES_PER_LOGPROB * (1 + sampling.logprobs)
+    nbytes = per_token * sampling.max_tokens * sampling.n
+    if sampling.prompt_logprobs is not None:
+        nbytes += BYTES_PER_LOGPROB * (1 + sampling.prompt_logprobs) * prompt_tokens
+    return nbytes
+
+
+def _weighed(delta: EngineDelta) -> int:
+    logprobs = sum(1 + len(p.top) for p in (*delta.logprobs, *delta.prompt_logprobs))
+    return BYTES_PER_TOKEN * len(delta.token_ids) + BYTES_PER_LOGPROB * logprobs
+
+
 @final
 class ResponseRecording:
-    def __init__(self, max_tokens: int) -> None:
+    def __init__(self, nbytes: int) -> None:
         self.deltas: list[EngineDelta] = []
         self.error: BaseException | None = None
         self.done = False
-        # admitted to the cache before it is complete: weigh what it may grow to
-        self.nbytes = BYTES_PER_TOKEN * max_tokens
+        # admitted to the cache before it is complete: weigh what it may grow to (weight())
+        self.nbytes = nbytes
         self._changed = asyncio.Event()
         self.listeners = 0
         self.listened = asyncio.Event()  # the first listener has come
@@ -64,7 +83,7 @@ class ResponseRecording:
         """A run that ended normally elsewhere (another replica, read from the second tier)."""
         recording = cls(0)
         recording.deltas = deltas
-        recording.nbytes = BYTES_PER_TOKEN * sum(len(d.token_ids) for d in deltas)
+        recording.nbytes = sum(map(_weighed, deltas))
         recording.done = True
         return recording
 
@@ -147,7 +166,7 @@ class SharedResponses:
         tenant = request.tenant
 
         async def start_recording() -> ResponseRecording:
-            recording = ResponseRecording(sampling.max_tokens)
+            recording = ResponseRecording(weight(sampling, len(prompt.token_ids)))
             producer = asyncio.create_task(
                 self._record(recording, key, tenant, run), name=f"mmgate-response-{key[:12]}"
             )
@@ -223,8 +242,10 @@ class SharedResponses:
 
 __all__ = [
     "ABORT_WAIT_SECONDS",
+    "BYTES_PER_LOGPROB",
     "BYTES_PER_TOKEN",
     "FIRST_LISTENER_SECONDS",
     "ResponseRecording",
     "SharedResponses",
+    "weight",
 ]

@@ -1,8 +1,9 @@
 """What the Redis tier stores of each stage, and how (the bytes are engine/values.py's format).
 
     embedding  an encoder output: one tensor (its dtype kept, bf16 included)
-    response   a shared response that finished normally: its deltas (text, tokens, finish reason,
-               cached and prompt token counts), read back as a finished recording
+    response   a shared response that finished normally: its deltas (sample, text, tokens, finish
+               and stop reasons, cached and prompt token counts, log-probabilities), read back as
+               a finished recording
 
 Not held there: prompts (rendering and tokenizing is cheaper than a round trip) and decoded
 images (the request carries the image's bytes; decoding them again costs milliseconds, and the
@@ -17,7 +18,7 @@ from __future__ import annotations
 from typing import Any, final
 
 from ..engine.values import BadValue, seal_json, seal_tensor, unseal_json, unseal_tensor
-from ..types import EngineDelta
+from ..types import EngineDelta, Logprob, TokenLogprobs
 from .media.stages import Embedding
 from .responses import ResponseRecording
 
@@ -48,7 +49,17 @@ class ResponseCodec:
         if not isinstance(value, ResponseRecording) or not value.done or value.error is not None:
             raise ValueError("only a response that finished normally is written")
         deltas = [
-            [d.text, list(d.token_ids), d.finish_reason, d.num_cached_tokens, d.prompt_tokens]
+            [
+                d.text,
+                list(d.token_ids),
+                d.finish_reason,
+                d.num_cached_tokens,
+                d.prompt_tokens,
+                d.index,
+                d.stop_reason,
+                [_position(p) for p in d.logprobs],
+                [_position(p) for p in d.prompt_logprobs],
+            ]
             for d in value.deltas
         ]
         return seal_json("response", {"deltas": deltas}, key=key, secret=self.secret)
@@ -57,14 +68,53 @@ class ResponseCodec:
         body = unseal_json(data, "response", key=key, secret=self.secret)
         try:
             deltas = [
-                EngineDelta(str(text), tuple(int(t) for t in ids), reason, int(cached), int(prompt))
-                for text, ids, reason, cached, prompt in body["deltas"]
+                EngineDelta(
+                    text=str(text),
+                    token_ids=tuple(int(t) for t in ids),
+                    finish_reason=None if reason is None else str(reason),
+                    num_cached_tokens=int(cached),
+                    prompt_tokens=int(prompt),
+                    index=int(index),
+                    stop_reason=stop if stop is None or isinstance(stop, int | str) else str(stop),
+                    logprobs=tuple(map(_read_position, logprobs)),
+                    prompt_logprobs=tuple(map(_read_position, prompt_logprobs)),
+                )
+                for (
+                    text,
+                    ids,
+                    reason,
+                    cached,
+                    prompt,
+                    index,
+                    stop,
+                    logprobs,
+                    prompt_logprobs,
+                ) in body["deltas"]
             ]
         except (TypeError, ValueError, KeyError) as exc:
             raise BadValue(f"not a response ({exc})") from None
-        if not deltas or deltas[-1].finish_reason is None:
+        ended = {d.index for d in deltas if d.finish_reason is not None}
+        if not deltas or ended != {d.index for d in deltas}:
             raise BadValue("a response that did not finish")
         return ResponseRecording.finished(deltas)
+
+
+def _position(position: TokenLogprobs) -> list[Any]:
+    token = position.token
+    return [
+        token.token_id,
+        token.logprob,
+        token.text,
+        [[alt.token_id, alt.logprob, alt.text] for alt in position.top],
+    ]
+
+
+def _read_position(stored: Any) -> TokenLogprobs:
+    token_id, logprob, text, top = stored
+    return TokenLogprobs(
+        Logprob(int(token_id), float(logprob), str(text)),
+        tuple(Logprob(int(i), float(lp), str(t)) for i, lp, t in top),
+    )
 
 
 def codecs(secret: bytes | None = None) -> dict[str, Any]:

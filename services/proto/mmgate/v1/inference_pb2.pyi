@@ -42,7 +42,7 @@ class Chat(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "ignore_eos", "stream_interval", "min_tokens", "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens", "logit_bias", "truncate_prompt_tokens", "json_schema", "regex", "grammar", "choice", "json_object")
+    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "ignore_eos", "stream_interval", "min_tokens", "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens", "logit_bias", "truncate_prompt_tokens", "json_schema", "regex", "grammar", "choice", "json_object", "n", "logprobs", "prompt_logprobs")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +73,9 @@ class SamplingParams(_message.Message):
     GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     CHOICE_FIELD_NUMBER: _ClassVar[int]
     JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     temperature: float
     top_p: float
@@ -96,13 +99,22 @@ class SamplingParams(_message.Message):
     grammar: str
     choice: Choices
     json_object: bool
-    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., ignore_eos: _Optional[bool] = ..., stream_interval: _Optional[int] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., truncate_prompt_tokens: _Optional[int] = ..., json_schema: _Optional[str] = ..., regex: _Optional[str] = ..., grammar: _Optional[str] = ..., choice: _Optional[_Union[Choices, _Mapping]] = ..., json_object: _Optional[bool] = ...) -> None: ...
+    n: int
+    logprobs: int
+    prompt_logprobs: int
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., ignore_eos: _Optional[bool] = ..., stream_interval: _Optional[int] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., truncate_prompt_tokens: _Optional[int] = ..., json_schema: _Optional[str] = ..., regex: _Optional[str] = ..., grammar: _Optional[str] = ..., choice: _Optional[_Union[Choices, _Mapping]] = ..., json_object: _Optional[bool] = ..., n: _Optional[int] = ..., logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ...) -> None: ...
 
 class Choices(_message.Message):
     __slots__ = ("choices",)
     CHOICES_FIELD_NUMBER: _ClassVar[int]
     choices: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, choices: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TokenIds(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Image(_message.Message):
     __slots__ = ("data", "digest", "mime_type")
@@ -115,20 +127,22 @@ class Image(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., digest: _Optional[str] = ..., mime_type: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "chat", "sampling", "request_id", "cache_policy", "images")
+    __slots__ = ("prompt", "chat", "token_ids", "sampling", "request_id", "cache_policy", "images")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CACHE_POLICY_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     chat: Chat
+    token_ids: TokenIds
     sampling: SamplingParams
     request_id: str
     cache_policy: CachePolicy
     images: _containers.RepeatedCompositeFieldContainer[Image]
-    def __init__(self, prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., cache_policy: _Optional[_Union[CachePolicy, str]] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ...) -> None: ...
+    def __init__(self, prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., cache_policy: _Optional[_Union[CachePolicy, str]] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "cached_prompt_tokens")
@@ -178,27 +192,67 @@ class CacheReport(_message.Message):
     images: _containers.RepeatedCompositeFieldContainer[ImageReport]
     def __init__(self, lookups: _Optional[_Iterable[_Union[CacheLookup, _Mapping]]] = ..., cached_prompt_tokens: _Optional[int] = ..., response_from_cache: _Optional[bool] = ..., images: _Optional[_Iterable[_Union[ImageReport, _Mapping]]] = ...) -> None: ...
 
+class Logprob(_message.Message):
+    __slots__ = ("token_id", "logprob", "text")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    logprob: float
+    text: str
+    def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., text: _Optional[str] = ...) -> None: ...
+
+class TokenLogprobs(_message.Message):
+    __slots__ = ("token", "top")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TOP_FIELD_NUMBER: _ClassVar[int]
+    token: Logprob
+    top: _containers.RepeatedCompositeFieldContainer[Logprob]
+    def __init__(self, token: _Optional[_Union[Logprob, _Mapping]] = ..., top: _Optional[_Iterable[_Union[Logprob, _Mapping]]] = ...) -> None: ...
+
 class TokenDelta(_message.Message):
-    __slots__ = ("text", "token_ids")
+    __slots__ = ("text", "token_ids", "index", "logprobs")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    index: int
+    logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprobs]
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., index: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ...) -> None: ...
+
+class SampleEnd(_message.Message):
+    __slots__ = ("index", "finish_reason", "stop_string", "stop_token_id", "completion_tokens")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    STOP_STRING_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    finish_reason: FinishReason
+    stop_string: str
+    stop_token_id: int
+    completion_tokens: int
+    def __init__(self, index: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_string: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateFinal(_message.Message):
-    __slots__ = ("finish_reason", "usage", "cache", "request_id", "model")
+    __slots__ = ("finish_reason", "usage", "cache", "request_id", "model", "samples", "prompt_logprobs")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     finish_reason: FinishReason
     usage: Usage
     cache: CacheReport
     request_id: str
     model: str
-    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., cache: _Optional[_Union[CacheReport, _Mapping]] = ..., request_id: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+    samples: _containers.RepeatedCompositeFieldContainer[SampleEnd]
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprobs]
+    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., cache: _Optional[_Union[CacheReport, _Mapping]] = ..., request_id: _Optional[str] = ..., model: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[SampleEnd, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("delta", "final")
@@ -208,15 +262,31 @@ class GenerateResponse(_message.Message):
     final: GenerateFinal
     def __init__(self, delta: _Optional[_Union[TokenDelta, _Mapping]] = ..., final: _Optional[_Union[GenerateFinal, _Mapping]] = ...) -> None: ...
 
+class Choice(_message.Message):
+    __slots__ = ("index", "text", "token_ids", "logprobs", "end")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    text: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprobs]
+    end: SampleEnd
+    def __init__(self, index: _Optional[int] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ..., end: _Optional[_Union[SampleEnd, _Mapping]] = ...) -> None: ...
+
 class CompleteResponse(_message.Message):
-    __slots__ = ("text", "token_ids", "final")
+    __slots__ = ("text", "token_ids", "final", "choices")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
+    CHOICES_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     final: GenerateFinal
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., final: _Optional[_Union[GenerateFinal, _Mapping]] = ...) -> None: ...
+    choices: _containers.RepeatedCompositeFieldContainer[Choice]
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., final: _Optional[_Union[GenerateFinal, _Mapping]] = ..., choices: _Optional[_Iterable[_Union[Choice, _Mapping]]] = ...) -> None: ...
 
 class GetModelInfoRequest(_message.Message):
     __slots__ = ()
@@ -247,7 +317,7 @@ class ModelInfo(_message.Message):
     def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token_id: _Optional[int] = ..., takes_images: _Optional[bool] = ..., media_mode: _Optional[str] = ..., has_chat_template: _Optional[bool] = ..., limits: _Optional[_Union[ModelLimits, _Mapping]] = ..., structured_output_backend: _Optional[str] = ...) -> None: ...
 
 class ModelLimits(_message.Message):
-    __slots__ = ("max_tokens", "max_images", "min_stream_interval", "max_message_bytes", "max_stop_strings", "max_stop_token_ids", "max_logit_bias", "max_constraint_chars", "max_choices")
+    __slots__ = ("max_tokens", "max_images", "min_stream_interval", "max_message_bytes", "max_stop_strings", "max_stop_token_ids", "max_logit_bias", "max_constraint_chars", "max_choices", "max_samples", "max_logprobs")
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_IMAGES_FIELD_NUMBER: _ClassVar[int]
     MIN_STREAM_INTERVAL_FIELD_NUMBER: _ClassVar[int]
@@ -257,6 +327,8 @@ class ModelLimits(_message.Message):
     MAX_LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
     MAX_CONSTRAINT_CHARS_FIELD_NUMBER: _ClassVar[int]
     MAX_CHOICES_FIELD_NUMBER: _ClassVar[int]
+    MAX_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    MAX_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     max_images: int
     min_stream_interval: int
@@ -266,4 +338,6 @@ class ModelLimits(_message.Message):
     max_logit_bias: int
     max_constraint_chars: int
     max_choices: int
-    def __init__(self, max_tokens: _Optional[int] = ..., max_images: _Optional[int] = ..., min_stream_interval: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_stop_strings: _Optional[int] = ..., max_stop_token_ids: _Optional[int] = ..., max_logit_bias: _Optional[int] = ..., max_constraint_chars: _Optional[int] = ..., max_choices: _Optional[int] = ...) -> None: ...
+    max_samples: int
+    max_logprobs: int
+    def __init__(self, max_tokens: _Optional[int] = ..., max_images: _Optional[int] = ..., min_stream_interval: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_stop_strings: _Optional[int] = ..., max_stop_token_ids: _Optional[int] = ..., max_logit_bias: _Optional[int] = ..., max_constraint_chars: _Optional[int] = ..., max_choices: _Optional[int] = ..., max_samples: _Optional[int] = ..., max_logprobs: _Optional[int] = ...) -> None: ...
