@@ -176,6 +176,43 @@ CASES: dict[str, tuple[Callable[[], pb.GenerateRequest], str, str | None]] = {
         "INVALID_ARGUMENT",
         "sampling.choice.choices",
     ),
+    "zero samples": (lambda: ask(n=0, temperature=1.0), "INVALID_ARGUMENT", "sampling.n"),
+    "4 billion samples": (lambda: ask(n=2**32 - 1), "INVALID_ARGUMENT", "sampling.n"),
+    "two greedy samples": (
+        lambda: ask(n=2, temperature=0.0),
+        "INVALID_ARGUMENT",
+        "sampling.n",
+    ),
+    "21 alternatives per token": (
+        lambda: ask(logprobs=21),
+        "INVALID_ARGUMENT",
+        "sampling.logprobs",
+    ),
+    "2**31 alternatives per prompt token": (
+        lambda: ask(prompt_logprobs=2**31),
+        "INVALID_ARGUMENT",
+        "sampling.prompt_logprobs",
+    ),
+    "empty token ids": (
+        lambda: build_request(token_ids=[], max_tokens=1),
+        "INVALID_ARGUMENT",
+        "token_ids.ids",
+    ),
+    "a token id past the vocabulary": (
+        lambda: build_request(token_ids=[1, 2, 3, 2**32 - 1], max_tokens=1),
+        "INVALID_ARGUMENT",
+        "token_ids.ids[3]",
+    ),
+    "token ids longer than the context": (
+        lambda: build_request(token_ids=[5] * 100_000, max_tokens=1),
+        "INVALID_ARGUMENT",
+        "token_ids.ids",
+    ),
+    "token ids with an image": (
+        lambda: _with_image(build_request(token_ids=[5, 6], max_tokens=1)),
+        "INVALID_ARGUMENT",
+        "images",
+    ),
     "logit bias past the vocabulary": (
         lambda: ask(logit_bias={2**31: 1.0}),
         "INVALID_ARGUMENT",
@@ -187,6 +224,11 @@ CASES: dict[str, tuple[Callable[[], pb.GenerateRequest], str, str | None]] = {
         None,
     ),
 }
+
+
+def _with_image(request: pb.GenerateRequest) -> pb.GenerateRequest:
+    request.images.append(data(png(7)))
+    return request
 
 
 def outcome(call: Callable[[], object]) -> tuple[str, str, set[str]]:
@@ -242,17 +284,36 @@ sampling = st.fixed_dictionaries(
         "grammar": st.text(st.characters(blacklist_categories=["Nd"]), max_size=60),
         "choice": st.builds(pb.Choices, choices=st.lists(st.text(max_size=8), max_size=4)),
         "json_object": st.booleans(),
+        "n": st.integers(0, 2**32 - 1),
+        "logprobs": st.integers(0, 2**32 - 1),
+        "prompt_logprobs": st.integers(0, 2**32 - 1),
     },
 )
-requests = st.builds(
-    lambda prompt, values, images, request_id, policy: pb.GenerateRequest(
-        prompt=prompt,
-        sampling=pb.SamplingParams(**values),
+
+
+def generated(
+    prompt: str | list[int],
+    values: dict[str, object],
+    images: list[bytes],
+    request_id: str,
+    policy: int,
+) -> pb.GenerateRequest:
+    request = pb.GenerateRequest(
+        sampling=pb.SamplingParams(**values),  # type: ignore[arg-type]
         images=[pb.Image(data=image) for image in images],
         request_id=request_id,
-        cache_policy=policy,
-    ),
-    st.text(max_size=200),
+        cache_policy=policy,  # type: ignore[arg-type]
+    )
+    if isinstance(prompt, str):
+        request.prompt = prompt
+    else:
+        request.token_ids.ids.extend(prompt)
+    return request
+
+
+requests = st.builds(
+    generated,
+    st.one_of(st.text(max_size=200), st.lists(st.integers(0, 2**32 - 1), max_size=20)),
     sampling,
     st.lists(st.binary(max_size=300), max_size=3),
     st.text(max_size=40),

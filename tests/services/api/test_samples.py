@@ -51,7 +51,7 @@ def sampled(prompt: str, **sampling: Any) -> pb.GenerateRequest:
 
 
 async def test_four_samples_stream_indexed_each_with_its_end(client: MmgateClient) -> None:
-    ids, texts, final, order = await streamed(client, sampled(fresh(), n=4, max_tokens=12))
+    ids, _, final, order = await streamed(client, sampled(fresh(), n=4, max_tokens=12))
     assert sorted(ids) == [0, 1, 2, 3]
     # interleaved: the engine steps the four together, not one after another
     assert order.index(3) < len(order) - order[::-1].index(0) - 1
@@ -98,9 +98,7 @@ async def test_a_stop_string_is_reported_for_the_sample_it_ended(client: MmgateC
     assert (end.WhichOneof("stop"), end.stop_string) == ("stop_string", stop)
     tokens = list(free.token_ids)
     by_id = await client.complete_request(
-        build_request(
-            prompt, raw=True, temperature=0.0, max_tokens=12, stop_token_ids=[tokens[2]]
-        )
+        build_request(prompt, raw=True, temperature=0.0, max_tokens=12, stop_token_ids=[tokens[2]])
     )
     assert by_id.choices[0].end.stop_token_id == tokens[2]
 

@@ -268,6 +268,9 @@ COUNTS = st.integers(-(2**31), 2**32 - 1)
         ("min_tokens", st.integers(0, 2**32 - 1)),
         ("max_tokens", st.integers(0, 2**32 - 1)),
         ("stream_interval", st.integers(0, 2**32 - 1)),
+        ("n", st.integers(0, 2**32 - 1)),
+        ("logprobs", st.integers(0, 2**32 - 1)),
+        ("prompt_logprobs", st.integers(0, 2**32 - 1)),
     ],
 )
 @given(data=st.data())
@@ -343,3 +346,47 @@ def test_the_engines_refusal_of_a_constraint_names_its_field_without_source_line
         "the engine refuses it: Failed to transform regex into a grammar:"
         " Regex parsing error at position 2: The parenthesis is not closed."
     )
+
+
+def test_samples_and_logprobs_reach_the_engine_and_a_unary_run_asks_for_the_end_only() -> None:
+    from vllm.sampling_params import RequestOutputKind
+
+    request = pb.GenerateRequest(
+        prompt="Hi",
+        sampling=pb.SamplingParams(temperature=0.7, n=3, logprobs=0, prompt_logprobs=20),
+    )
+    s = validate(request, SETTINGS, max_model_len=MAX_MODEL_LEN).sampling
+    assert (s.n, s.logprobs, s.prompt_logprobs) == (3, 0, 20)
+    params = vllm_sampling(s, final_only=True)
+    assert (params.n, params.logprobs, params.prompt_logprobs) == (3, 0, 20)
+    assert params.output_kind == RequestOutputKind.FINAL_ONLY
+    assert vllm_sampling(s).output_kind == RequestOutputKind.DELTA
+    plain = validate(pb.GenerateRequest(prompt="Hi"), SETTINGS, max_model_len=MAX_MODEL_LEN)
+    assert (plain.sampling.n, plain.sampling.logprobs, plain.sampling.prompt_logprobs) == (
+        1,
+        None,
+        None,
+    )
+    # greedy takes one sample: n > 1 needs a temperature
+    greedy = pb.GenerateRequest(prompt="Hi", sampling=pb.SamplingParams(temperature=0.0, n=2))
+    assert "temperature above 0" in problems_of(greedy)["sampling.n"]
+
+
+def test_a_tokenized_prompt_is_checked_against_the_vocabulary_and_the_context() -> None:
+    def ids(*tokens: int, **fields: Any) -> pb.GenerateRequest:
+        return pb.GenerateRequest(token_ids=pb.TokenIds(ids=tokens), **fields)
+
+    checked = validate(ids(5, 6, 7), SETTINGS, max_model_len=MAX_MODEL_LEN, vocab_size=VOCAB)
+    assert (checked.token_ids, checked.prompt, checked.chat) == ((5, 6, 7), None, None)
+    assert "at least one" in problems_of(ids())["token_ids.ids"]
+    assert "vocabulary" in problems_of(ids(1, 2, 3, VOCAB))["token_ids.ids[3]"]
+    assert f"at most {MAX_MODEL_LEN - 1}" in problems_of(ids(*[1] * MAX_MODEL_LEN))["token_ids.ids"]
+    # many ids past the vocabulary: the first few named, the rest counted
+    many = problems_of(ids(*[VOCAB] * 20))
+    assert "token_ids.ids[7]" in many
+    assert "token_ids.ids[8]" not in many
+    assert "20 ids" in many["token_ids.ids"]
+    with_image = ids(5, images=[pb.Image(data=b"\x89PNG")])
+    with pytest.raises(InvalidRequest) as caught:
+        validate(with_image, SETTINGS, max_model_len=MAX_MODEL_LEN, takes_images=True)
+    assert {v.field for v in caught.value.violations} == {"images"}

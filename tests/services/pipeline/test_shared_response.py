@@ -11,12 +11,21 @@ import pytest
 
 from cache_actor import CacheActor, InMemoryTier
 from services.config import Settings
+from services.engine.values import BadValue
 from services.pipeline.generation import Pipeline
 from services.pipeline.media import NoImages
 from services.pipeline.request import Request
-from services.pipeline.responses import ResponseRecording
+from services.pipeline.responses import ResponseRecording, weight
 from services.pipeline.tier_values import ResponseCodec
-from services.types import EngineDelta, EngineRequest, Finished, GenerationRequest, Sampling
+from services.types import (
+    EngineDelta,
+    EngineRequest,
+    Finished,
+    GenerationRequest,
+    Logprob,
+    Sampling,
+    TokenLogprobs,
+)
 from tests.support import until
 
 
@@ -164,3 +173,32 @@ async def test_only_a_run_that_finished_normally_reaches_the_second_tier() -> No
         await left.aclose()  # an abandoned run: aborted
         await cache.ping()
         assert tier.sets == 0  # a failed or aborted run is never written
+
+
+def test_a_stored_response_keeps_every_sample_and_its_logprobs() -> None:
+    def position(token: int, logprob: float) -> TokenLogprobs:
+        top = (Logprob(token, logprob, "a"), Logprob(9, -float("inf"), "b"))
+        return TokenLogprobs(Logprob(token, logprob, "a"), top)
+
+    deltas = [
+        EngineDelta("a", (1,), index=1, logprobs=(position(1, -0.5),),
+                    prompt_logprobs=(position(4, -2.0),)),
+        EngineDelta("b", (2,), index=0, logprobs=(position(2, -0.25),)),
+        EngineDelta("c", (3,), "stop", index=1, stop_reason="c", logprobs=(position(3, 0.0),)),
+        EngineDelta("", (), "stop", index=0, stop_reason=7),
+    ]  # fmt: skip
+    recording = ResponseRecording.finished(deltas)
+    codec, key = ResponseCodec(), "mmgate:ns:t:response:k"
+    again = codec.decode(codec.encode(recording, key), key)
+    assert again.deltas == deltas
+    assert again.nbytes == recording.nbytes > 0
+    # a sample that did not end is not a response
+    with pytest.raises(BadValue, match="did not finish"):
+        codec.decode(codec.encode(ResponseRecording.finished(deltas[:3]), key), key)
+
+
+def test_a_recording_is_weighed_for_every_sample_and_logprob() -> None:
+    plain = weight(Sampling(max_tokens=10), 5)
+    assert weight(Sampling(max_tokens=10, n=3), 5) == 3 * plain
+    assert weight(Sampling(max_tokens=10, logprobs=4), 5) > 5 * plain
+    assert weight(Sampling(max_tokens=10, prompt_logprobs=0), 5) > plain

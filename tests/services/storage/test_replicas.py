@@ -120,6 +120,54 @@ async def response_is_shared(
     assert ("response", "hit", "memory") in lookups
 
 
+async def test_a_seeded_response_of_three_samples_is_replayed_whole_from_memory_and_redis(
+    replicas: tuple[RunningServer, RunningServer], redis: RedisProcess
+) -> None:
+    first, second = replicas
+    stored = keys_in(redis)
+    request = build_request(
+        "Name three lakes.",
+        max_tokens=6,
+        temperature=1.0,
+        seed=77,
+        n=3,
+        logprobs=2,
+        prompt_logprobs=1,
+        cache_policy="response",
+    )
+
+    def samples(answer: inference_pb2.CompleteResponse) -> list[tuple[object, ...]]:
+        return [
+            (c.index, c.text, list(c.token_ids), list(c.logprobs), c.end.finish_reason)
+            for c in answer.choices
+        ]
+
+    async with first.client(timeout=60) as one, second.client(timeout=60) as two:
+        held = stored("response")
+        made = await one.complete_request(request)
+        assert not made.final.cache.response_from_cache
+        assert [c.index for c in made.choices] == [0, 1, 2]
+        assert all(len(c.logprobs) == len(c.token_ids) > 0 for c in made.choices)
+        assert made.final.prompt_logprobs
+        await written(stored, "response", held)
+        from_redis = await two.complete_request(request)
+        from_memory = await two.complete_request(request)
+        # streamed from memory too: every sample, indexed, with its logprobs
+        streamed: dict[int, list[inference_pb2.TokenLogprobs]] = {0: [], 1: [], 2: []}
+        async for event in two.generate(request):
+            if event.HasField("delta"):
+                streamed[event.delta.index] += event.delta.logprobs
+    for answer, tier in ((from_redis, "redis"), (from_memory, "memory")):
+        assert answer.final.cache.response_from_cache
+        lookups = {(up.stage, up.tier) for up in answer.final.cache.lookups}
+        assert ("response", tier) in lookups
+        assert samples(answer) == samples(made)
+        assert list(answer.final.samples) == list(made.final.samples)
+        assert list(answer.final.prompt_logprobs) == list(made.final.prompt_logprobs)
+        assert answer.final.usage.completion_tokens == made.final.usage.completion_tokens
+    assert streamed == {c.index: list(c.logprobs) for c in made.choices}
+
+
 async def test_invalidate_on_one_replica_is_a_miss_on_the_other(
     replicas: tuple[RunningServer, RunningServer],
 ) -> None:
