@@ -61,7 +61,7 @@ CITY = {
 def test_the_doc_has_each_example_once() -> None:
     names = _EXAMPLE.findall(DOC.read_text("utf-8"))
     assert len(names) == len(EXAMPLES), "an example name used twice"
-    assert set(EXAMPLES) == {name for _, name in CASES} | set(CONSTRAINED)
+    assert set(EXAMPLES) == {name for _, name in CASES} | set(CONSTRAINED) | {"node-samples"}
     languages = {name: lang for name, (lang, _) in EXAMPLES.items()}
     assert languages == {
         "python-async": "python",
@@ -73,6 +73,7 @@ def test_the_doc_has_each_example_once() -> None:
         "grpcurl-mtls": "bash",
         "node-json-schema": "javascript",
         "grpcurl-json-schema": "bash",
+        "node-samples": "javascript",
     }
 
 
@@ -245,3 +246,21 @@ def test_a_constrained_example_prints_an_instance_of_its_schema(
     printed = json.loads(done.stdout)
     record = json.loads(printed["text"]) if name.startswith("grpcurl") else printed
     jsonschema.validate(record, CITY)
+
+
+def test_the_samples_example_prints_each_sample_with_its_logprobs(
+    tmp_path: Path, pki: Pki, client_certs: dict[str, Issued], token_server: RunningServer
+) -> None:
+    done, shown = _run_example(
+        "node-samples", token_server, "token", pki, client_certs["alpha"], tmp_path
+    )
+    samples = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [sample["index"] for sample in samples] == [0, 1, 2], shown
+    for sample in samples:
+        assert sample["finish"] in ("FINISH_REASON_STOP", "FINISH_REASON_LENGTH"), shown
+        assert sample["tokens"], shown
+        for token in sample["tokens"]:
+            assert token["logprob"] <= 0, shown
+            top = [logprob for _, logprob in token["top"]]
+            assert 1 <= len(top) <= 2, shown
+            assert top == sorted(top, reverse=True), shown

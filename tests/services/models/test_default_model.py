@@ -136,3 +136,19 @@ async def test_any_json_object_from_the_real_model(default_server: RunningServer
         )
     assert answer.final.finish_reason == pb.FINISH_REASON_STOP, answer.text
     assert isinstance(json.loads(answer.text), dict)
+
+
+def test_cli_prints_each_sample_and_each_tokens_logprobs(default_server: RunningServer) -> None:
+    out = mmgate(
+        "generate",
+        "What is the capital of France?",
+        *("-n", "2", "--temperature", "0.7", "--seed", "3", "--logprobs", "2"),
+        *("--max-tokens", "6", "--target", default_server.target),
+    )
+    samples = [line for line in out.splitlines() if not line.startswith("  ")]
+    assert [line[:4] for line in samples] == ["[0] ", "[1] "], out
+    tokens = [line.split("\t") for line in out.splitlines() if line.startswith("  ")]
+    assert len(tokens) >= 2, out
+    for _token, logprob, top in tokens:
+        assert float(logprob) <= 0
+        assert top.strip(), out  # the most likely alternatives
