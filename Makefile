@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(ENGINE)
 HOST ?= 127.0.0.1
 PORT ?= 50051
 
-.PHONY: all install test lint typecheck architecture unit proto manifests settings-table serve mesh bench bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-observability bench-plots soak reliability-report clean
+.PHONY: all install test lint typecheck architecture unit proto manifests settings-table serve mesh bench bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-unary bench-observability bench-plots soak reliability-report clean
 
 all: test
 
@@ -162,6 +162,10 @@ bench-images: $(STAMP)
 bench-structured: $(STAMP)
 	$(BIN)/python -m bench.structured --json $(FIGURES)/structured.json
 
+# unary calls: Complete per step against final output only, beside vLLM's unstreamed server
+bench-unary: $(STAMP)
+	$(BIN)/python -m bench.unary --json $(FIGURES)/unary.json
+
 # repeated images against vLLM's server: the tiny LLaVA's grid, then the ViT-L-sized tower at 90%
 bench-image-repeats: $(STAMP)
 	$(BIN)/python -m bench.image_repeats $(REPEATS_ARGS) --json $(FIGURES)/images-tiny.json
@@ -181,7 +185,7 @@ bench-plots: $(STAMP)
 ifeq ($(QUICK),1)
 bench: bench-cache bench-growth bench-image-repeats
 else
-bench: bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-observability bench-plots
+bench: bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-unary bench-observability bench-plots
 endif
 
 # the full multi-replica suite: three replicas behind the proxy, fail-over, rolling restart,

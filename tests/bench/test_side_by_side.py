@@ -107,3 +107,19 @@ def test_the_grpc_stream_benchmark_measures_both_variants(
     # the baseline is its own 1.00x (a figure that is 0 on so short a run has no ratio)
     assert "(1.00x)" in rows["default"], out
     assert "voluntary" in out.splitlines()[1], out
+
+
+def test_the_unary_benchmark_takes_its_ratios_within_a_round() -> None:
+    from bench.unary import Row, report
+
+    rows = [
+        Row("mmgate every step", 1, 16, 100.0, 900.0, 40.0, 5.0, 0.0),
+        Row("mmgate final only", 1, 16, 110.0, 850.0, 30.0, 5.0, 0.0),
+        Row("vllm serve", 1, 16, 105.0, 870.0, 20.0, 5.0, 0.0),
+        Row("mmgate final only", 2, 16, 1.0, 1.0, 1.0, 1.0, 0.0),  # no partner in round 2
+    ]
+    (found,) = report(rows)["ratios"]
+    assert (found["round"], found["concurrency"]) == (1, 16)
+    assert found["cpu_final_over_every_step"] == 0.75
+    assert found["cpu_final_over_vllm"] == 1.5
+    assert found["tps_final_over_every_step"] == 1.1

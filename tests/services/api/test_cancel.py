@@ -20,8 +20,18 @@ async def settled_engine(client: MmgateClient, ticks: int = 5) -> cache_pb2.Engi
     return stats
 
 
-async def test_cancelled_stream_aborts_the_engine_request(client: MmgateClient) -> None:
-    request = build_request("Long story", max_tokens=900, ignore_eos=True, temperature=0.0)
+@pytest.mark.parametrize("samples", [1, 4])
+async def test_cancelled_stream_aborts_the_engine_request(
+    client: MmgateClient, samples: int
+) -> None:
+    # four samples are four sequences in the engine: the cancellation ends all of them
+    request = build_request(
+        "Long story",
+        max_tokens=900,
+        ignore_eos=True,
+        temperature=0.0 if samples == 1 else 1.0,
+        n=samples if samples > 1 else None,
+    )
     # On a loaded 2-core machine the engine core (its own process) can generate all 900 tokens
     # of the tiny model before the server's loop has sent the first one (vLLM then merges the
     # deltas): nothing is left to abort when the cancellation lands. Such a run must have
@@ -51,6 +61,22 @@ async def test_deadline_exceeded_aborts_the_engine_request(client: MmgateClient)
         # 900 tokens take the tiny model ~0.5 s on an idle 2-core machine: 0.2 s cannot hold them
         async for _ in client.generate(request, timeout=0.2):
             pass
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    after = await settled_engine(client)
+    assert after.aborted == before.aborted + 1
+    assert after.running == 0
+
+
+async def test_a_unary_call_past_its_deadline_aborts_its_final_only_run(
+    client: MmgateClient,
+) -> None:
+    """A unary call's run sends nothing before its end: leaving still aborts it at once."""
+    before = await settled_engine(client)
+    request = build_request(
+        "Long story", max_tokens=900, ignore_eos=True, temperature=1.0, n=2, cache_policy="bypass"
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await client.complete_request(request, timeout=0.2)
     assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     after = await settled_engine(client)
     assert after.aborted == before.aborted + 1
