@@ -31,6 +31,7 @@ DRAINING: Final = "DRAINING"
 ENGINE_UNAVAILABLE: Final = "ENGINE_UNAVAILABLE"
 CACHE_UNAVAILABLE: Final = "CACHE_UNAVAILABLE"
 MODEL_TAKES_NO_IMAGES: Final = "MODEL_TAKES_NO_IMAGES"
+ANSWER_TOO_LARGE: Final = "ANSWER_TOO_LARGE"  # more than the server sends in one message
 INJECTED_FAULT: Final = "INJECTED_FAULT"  # a chaos run's fault (never with chaos off)
 # authentication and tenants (docs/security.md)
 CREDENTIALS_MISSING: Final = "CREDENTIALS_MISSING"

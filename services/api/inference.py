@@ -20,6 +20,7 @@ from collections.abc import AsyncGenerator
 from typing import final
 
 import grpc
+from google.protobuf.message import Message
 
 from ..config import Settings
 from ..engine.worker import EngineWorker
@@ -38,7 +39,7 @@ from ..types import (
 from .admission import Admission
 from .auth import current_caller
 from .metadata import call_deadline, trace_headers
-from .status import ServiceError, abort, from_exception
+from .status import ServiceError, abort, answer_too_large, from_exception
 from .validation import MAX_LOGPROBS, validate
 
 _FINISH = {
@@ -70,7 +71,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         # aborts the engine request), instead of whenever garbage collection finalizes them.
         async with contextlib.aclosing(self._serve(request, context)) as events:
             async for event in events:
-                await context.write(_message(event))
+                message = _message(event)
+                if isinstance(event, Finished):
+                    await self._check_size(message, context)
+                await context.write(message)
 
     async def Complete(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
@@ -99,7 +103,14 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             # the fields of one sample's answer, as before there were several
             response.text = response.choices[0].text
             response.token_ids.extend(response.choices[0].token_ids)
+        await self._check_size(response, context)
         return response
+
+    async def _check_size(self, message: Message, context: grpc.aio.ServicerContext) -> None:
+        """An answer larger than the server sends is refused in mmgate's words, not gRPC's."""
+        size, limit = message.ByteSize(), self.settings.max_send_bytes
+        if size > limit:
+            await abort(context, answer_too_large(size, limit))
 
     async def GetModelInfo(
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext

@@ -158,7 +158,7 @@ class MmgateServer:
                 # messages up to twice the limit reach validation, which names the field;
                 # beyond that gRPC itself answers RESOURCE_EXHAUSTED
                 ("grpc.max_receive_message_length", 2 * settings.max_message_bytes),
-                ("grpc.max_send_message_length", 2 * settings.max_message_bytes),
+                ("grpc.max_send_message_length", settings.max_send_bytes),
                 ("grpc.so_reuseport", 0),
                 *connection_options(settings.connections),
             ],

@@ -11,6 +11,7 @@ Unauthenticated                UNAUTHENTICATED    + ErrorInfo(reason=CREDENTIALS
 NotPermitted                   PERMISSION_DENIED  + ErrorInfo(reason=TENANT_MISMATCH|ADMIN_ONLY)
 EntryNotFound                  NOT_FOUND          + ErrorInfo(reason=ENTRY_NOT_FOUND)
 TenantOverloaded               RESOURCE_EXHAUSTED + ErrorInfo(reason=TENANT_OVERLOADED) + RetryInfo
+an answer past the send limit  RESOURCE_EXHAUSTED + ErrorInfo(reason=ANSWER_TOO_LARGE)
 CacheRecursionError            INTERNAL           (the cycle goes to the log, not the client)
 anything else                  INTERNAL           (the log has it; the client gets no class name)
 """
@@ -46,6 +47,7 @@ from ..errors import (
     Violation,
 )
 from ..wire import (
+    ANSWER_TOO_LARGE,
     CACHE_UNAVAILABLE,
     DRAINING,
     ENGINE_UNAVAILABLE,
@@ -129,6 +131,15 @@ def overloaded(active: int) -> ServiceError:
         f"{active} requests in progress; try again later",
         reason=OVERLOADED,
         retry_after=RETRY_AFTER_SECONDS,
+    )
+
+
+def answer_too_large(size: int, limit: int) -> ServiceError:
+    return ServiceError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        f"the answer is {size} bytes, more than the {limit} this server sends in one message;"
+        " stream it with Generate, or ask for fewer samples, tokens or log-probabilities",
+        reason=ANSWER_TOO_LARGE,
     )
 
 

@@ -46,10 +46,17 @@ _SERVICE_CONFIG: Final = json.dumps(
 _RETRY_BUFFER_BYTES: Final = 64 * 1024 * 1024
 
 
+# the largest answer taken (gRPC's default, 4 MiB, is less than a server sends at its defaults:
+# an answer of several samples with log-probabilities can pass it)
+MAX_ANSWER_BYTES: Final = 64 * 1024 * 1024
+
+
 def channel_options(*, retries: bool) -> list[tuple[str, object]]:
+    taken = ("grpc.max_receive_message_length", MAX_ANSWER_BYTES)
     if not retries:
-        return [("grpc.enable_retries", 0)]
+        return [("grpc.enable_retries", 0), taken]
     return [
+        taken,
         ("grpc.enable_retries", 1),
         ("grpc.service_config", _SERVICE_CONFIG),
         ("grpc.per_rpc_retry_buffer_size", _RETRY_BUFFER_BYTES),

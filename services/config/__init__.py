@@ -93,6 +93,12 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     """text, or one JSON object a line; both carry the trace and span ids of the request."""
 
+    @property
+    def max_send_bytes(self) -> int:
+        """The largest message the server sends (twice max_message_bytes, as it receives): an
+        answer of many samples with log-probabilities can come near it."""
+        return 2 * self.max_message_bytes
+
 
 __all__ = [
     "AuthSettings",

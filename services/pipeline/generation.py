@@ -139,48 +139,61 @@ class Pipeline:
             run = request.engine_request(prompt.token_ids, sampling, images, final_only=final_only)
             stream = self.chaos.engine(engine.generate(run), request.tenant)
 
-        tokens = dict.fromkeys(range(sampling.n), 0)  # each sample's completion tokens
-        ends: dict[int, EngineDelta] = {}  # each sample's last delta
-        prompt_tokens = 0
-        prompt_logprobs: tuple[TokenLogprobs, ...] = ()
-        last = EngineDelta("", ())
+        tally = Tally(sampling.n)
         async with contextlib.aclosing(stream) as deltas:
             async for delta in deltas:
-                tokens[delta.index] = tokens.get(delta.index, 0) + len(delta.token_ids)
-                prompt_tokens = delta.prompt_tokens or prompt_tokens
-                prompt_logprobs = delta.prompt_logprobs or prompt_logprobs
-                last = delta
-                if delta.finish_reason is not None:
-                    ends[delta.index] = delta
+                tally.add(delta)
                 if delta.text or delta.token_ids:
                     yield delta
-        samples = tuple(
-            SampleEnd(
-                index,
-                ends[index].finish_reason if index in ends else None,
-                ends[index].stop_reason if index in ends else None,
-                count,
-            )
-            for index, count in sorted(tokens.items())
-        )
-        cached_prompt_tokens = 0 if from_cache else last.num_cached_tokens
+        samples = tally.ends()
         yield Finished(
             request_id=checked.request_id,
             model=engine.model_name,
             finish_reason=samples[0].finish_reason,
-            prompt_tokens=prompt_tokens or len(prompt.token_ids),
-            completion_tokens=sum(tokens.values()),
-            cached_prompt_tokens=cached_prompt_tokens,
+            prompt_tokens=tally.prompt_tokens or len(prompt.token_ids),
+            completion_tokens=sum(end.completion_tokens for end in samples),
+            cached_prompt_tokens=0 if from_cache else tally.last.num_cached_tokens,
             response_from_cache=from_cache,
             lookups=tuple(request.lookups),
             images=image_reports,
             samples=samples,
-            prompt_logprobs=prompt_logprobs,
+            prompt_logprobs=tally.prompt_logprobs,
         )
 
     async def close(self) -> None:
         """Cancel shared-response producers still running (shutdown)."""
         await self.responses.close()
+
+
+@final
+class Tally:
+    """What a run's deltas add up to: each sample's tokens and end, the prompt's figures."""
+
+    __slots__ = ("_ended", "_tokens", "last", "prompt_logprobs", "prompt_tokens")
+
+    def __init__(self, samples: int) -> None:
+        self._tokens = dict.fromkeys(range(samples), 0)
+        self._ended: dict[int, EngineDelta] = {}  # each sample's last delta
+        self.last = EngineDelta("", ())
+        self.prompt_tokens = 0
+        self.prompt_logprobs: tuple[TokenLogprobs, ...] = ()
+
+    def add(self, delta: EngineDelta) -> None:
+        self._tokens[delta.index] = self._tokens.get(delta.index, 0) + len(delta.token_ids)
+        self.prompt_tokens = delta.prompt_tokens or self.prompt_tokens
+        self.prompt_logprobs = delta.prompt_logprobs or self.prompt_logprobs
+        self.last = delta
+        if delta.finish_reason is not None:
+            self._ended[delta.index] = delta
+
+    def ends(self) -> tuple[SampleEnd, ...]:
+        """Each sample's end, by index (a finish reason None: the run did not end it)."""
+        ends = []
+        for index, tokens in sorted(self._tokens.items()):
+            last = self._ended.get(index)
+            reason = last.finish_reason if last is not None else None
+            ends.append(SampleEnd(index, reason, last.stop_reason if last else None, tokens))
+        return tuple(ends)
 
 
 @final
@@ -207,4 +220,4 @@ class PipelineRef:
         return self.current.media.stats if self.current is not None else MediaStats()
 
 
-__all__ = ["Pipeline", "PipelineRef"]
+__all__ = ["Pipeline", "PipelineRef", "Tally"]

@@ -55,6 +55,24 @@ def test_complete_and_stream_text_give_the_same_answer(server: RunningServer) ->
         assert stats.model
 
 
+def test_samples_logprobs_and_token_ids_through_the_sync_client(server: RunningServer) -> None:
+    request = build_request(token_ids=[5, 6, 7], n=2, logprobs=1, prompt_logprobs=0)
+    assert request.WhichOneof("input") == "token_ids"
+    assert list(request.token_ids.ids) == [5, 6, 7]
+    assert (request.sampling.n, request.sampling.logprobs, request.sampling.prompt_logprobs) == (
+        2,
+        1,
+        0,
+    )
+    with sync_client(server) as client:
+        answer = client.complete(
+            token_ids=[5, 6, 7], n=2, temperature=0.9, logprobs=1, max_tokens=3, ignore_eos=True
+        )
+    assert [choice.index for choice in answer.choices] == [0, 1]
+    assert all(len(c.logprobs) == len(c.token_ids) == 3 for c in answer.choices)
+    assert answer.final.usage.prompt_tokens == 3
+
+
 def test_generate_streams_deltas_then_one_final(server: RunningServer) -> None:
     request = build_request("Count", max_tokens=5, temperature=0.0, ignore_eos=True)
     with sync_client(server) as client:
@@ -318,3 +336,13 @@ def test_a_malformed_digest_sends_no_affinity() -> None:
     assert affinity_of(request) is None
     request.images[0].digest = digest_of(b"x")
     assert affinity_of(request) == digest_of(b"x")
+
+
+def test_the_bundled_clients_take_answers_as_large_as_the_server_sends() -> None:
+    from services.client.credentials import channel_options
+    from services.config import Settings
+
+    for retries in (True, False):
+        taken = dict(channel_options(retries=retries))["grpc.max_receive_message_length"]
+        assert isinstance(taken, int)
+        assert taken >= Settings().max_send_bytes

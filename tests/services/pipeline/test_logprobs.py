@@ -9,11 +9,12 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
 import pytest
 import pytest_asyncio
 
 from services.api.server import MmgateServer
-from services.client import MmgateClient, build_request
+from services.client import MmgateClient, build_request, error_reason
 from services.proto.mmgate.v1 import inference_pb2 as pb
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -126,3 +127,32 @@ async def test_no_alternatives_still_gives_each_tokens_logprob(client: MmgateCli
         assert position.token.logprob <= 0
         assert not position.top
     assert not answer.final.prompt_logprobs  # none asked for
+
+
+async def test_an_answer_past_the_send_limit_is_refused_in_mmgates_words_and_streams_whole(
+    client: MmgateClient, embeddings_server: MmgateServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the server sends at most twice max_message_bytes in one message: 20 KB here
+    monkeypatch.setattr(embeddings_server.settings, "max_message_bytes", 10_000)
+    request = build_request(
+        "Once upon a time",
+        raw=True,
+        temperature=1.0,
+        n=4,
+        max_tokens=40,
+        ignore_eos=True,
+        logprobs=20,
+        cache_policy="bypass",
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await client.complete_request(request)
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert error_reason(caught.value) == "ANSWER_TOO_LARGE"
+    assert "stream it with Generate" in (caught.value.details() or "")
+    # streamed, each message is small: the same request goes through whole
+    tokens = 0
+    async for event in client.generate(request):
+        if event.HasField("delta"):
+            assert len(event.delta.logprobs) == len(event.delta.token_ids)
+            tokens += len(event.delta.token_ids)
+    assert tokens == 160
