@@ -72,6 +72,7 @@ from services.api.server import resolve_model
 from services.client import MmgateClient, build_request
 from services.config import EngineSettings, Settings
 from services.engine.worker import EngineWorker
+from services.proto.mmgate.v1.inference_pb2 import GenerateRequest
 from tests.support import free_port, wait_serving
 
 from .openai_server import OpenAIServer, descendants, shut_down, tree_rss_bytes
@@ -453,15 +454,19 @@ class Mmgate:
         await asyncio.gather(watch, exited, return_exceptions=True)
         raise RuntimeError(f"mmgate serve {reason}:\n{self.log_tail()}")
 
-    async def send(self, i: int) -> Sample:
-        started = time.perf_counter()
-        request = build_request(
+    def request(self, i: int) -> GenerateRequest:
+        """The i-th request: its own prompt, greedy, MAX_TOKENS exactly."""
+        return build_request(
             prompt_text(i, self.tag),
             max_tokens=MAX_TOKENS,
             temperature=0.0,
             ignore_eos=True,
             cache_policy=self.policy,
         )
+
+    async def send(self, i: int) -> Sample:
+        started = time.perf_counter()
+        request = self.request(i)
         first: float | None = None
         tokens: list[int] = []
         prompt_ms: float | None = None

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from services.api.server import resolve_model
-from services.client import build_request
 from services.config import Settings
 
 from .openai_server import OpenAIServer
@@ -72,7 +71,7 @@ class MmgateUnary(Mmgate):
 
     def __init__(self, model: str, *, final_only: bool) -> None:
         super().__init__(model, {"MMGATE_ENGINE__UNARY_FINAL_ONLY": str(final_only).lower()})
-        self.final_only = final_only
+        self.final_only = final_only  # the requests: Mmgate's, cache policy bypass
 
     @property
     def name(self) -> str:
@@ -80,13 +79,7 @@ class MmgateUnary(Mmgate):
 
     async def send(self, i: int) -> Sample:
         started = time.perf_counter()
-        request = build_request(
-            prompt_text(i, self.tag),
-            max_tokens=MAX_TOKENS,
-            temperature=0.0,
-            ignore_eos=True,
-            cache_policy="bypass",
-        )
+        request = self.request(i)
         answer = await self.client.complete_request(request)
         took = time.perf_counter() - started
         return Sample(took, tuple(answer.token_ids), took, None, request.ByteSize())
