@@ -110,6 +110,13 @@ class GenerationRequest:
     # a prompt the caller tokenized: neither rendered nor tokenized here
     token_ids: tuple[int, ...] | None = None
 
+    @property
+    def input_field(self) -> str:
+        """The field of the request's input, as a refusal names it."""
+        if self.chat is not None:
+            return "chat"
+        return "prompt" if self.token_ids is None else "token_ids.ids"
+
 
 # ── what the pipeline makes of it ───────────────────────────────────────────────────────────
 

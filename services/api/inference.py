@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import defaultdict
 from collections.abc import AsyncGenerator
 from typing import final
 
@@ -32,6 +33,7 @@ from ..types import (
     EngineDelta,
     Finished,
     ImageReport,
+    Logprob,
     LookupReport,
     SampleEnd,
     TokenLogprobs,
@@ -79,7 +81,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     async def Complete(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> pb.CompleteResponse:
-        texts: dict[int, list[str]] = {}
+        texts: defaultdict[int, list[str]] = defaultdict(list)
         choices: dict[int, pb.Choice] = {}
         response = pb.CompleteResponse()
         async with contextlib.aclosing(self._serve(request, context, whole=True)) as events:
@@ -88,7 +90,6 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     choice = choices.get(event.index)
                     if choice is None:
                         choice = choices[event.index] = pb.Choice(index=event.index)
-                        texts[event.index] = []
                     texts[event.index].append(event.text)
                     choice.token_ids.extend(event.token_ids)
                     choice.logprobs.extend(map(_logprobs, event.logprobs))
@@ -96,7 +97,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     response.final.CopyFrom(_final(event))
                     for end in event.samples:
                         choice = choices.setdefault(end.index, pb.Choice(index=end.index))
-                        choice.text = "".join(texts.get(end.index, ()))
+                        choice.text = "".join(texts[end.index])
                         choice.end.CopyFrom(_sample_end(end))
         response.choices.extend(choice for _, choice in sorted(choices.items()))
         if response.choices:
@@ -200,12 +201,12 @@ def _finish(reason: str | None) -> pb.FinishReason:
     return _FINISH.get(reason or "", pb.FINISH_REASON_UNSPECIFIED)
 
 
+def _logprob(logprob: Logprob) -> pb.Logprob:
+    return pb.Logprob(token_id=logprob.token_id, logprob=logprob.logprob, text=logprob.text)
+
+
 def _logprobs(position: TokenLogprobs) -> pb.TokenLogprobs:
-    token = position.token
-    return pb.TokenLogprobs(
-        token=pb.Logprob(token_id=token.token_id, logprob=token.logprob, text=token.text),
-        top=[pb.Logprob(token_id=t.token_id, logprob=t.logprob, text=t.text) for t in position.top],
-    )
+    return pb.TokenLogprobs(token=_logprob(position.token), top=map(_logprob, position.top))
 
 
 def _sample_end(end: SampleEnd) -> pb.SampleEnd:

@@ -20,13 +20,7 @@ def fit(
 
     ``prompt_tokens``: the prompt as the engine will run it, image placeholders expanded.
     """
-    field = (
-        "chat"
-        if checked.chat is not None
-        else "token_ids.ids"
-        if checked.token_ids is not None
-        else "prompt"
-    )
+    field = checked.input_field
     if prompt_tokens >= max_model_len:
         raise InvalidRequest(
             [

@@ -152,7 +152,7 @@ class Pipeline:
             finish_reason=samples[0].finish_reason,
             prompt_tokens=tally.prompt_tokens or len(prompt.token_ids),
             completion_tokens=sum(end.completion_tokens for end in samples),
-            cached_prompt_tokens=0 if from_cache else tally.last.num_cached_tokens,
+            cached_prompt_tokens=0 if from_cache else tally.cached_prompt_tokens,
             response_from_cache=from_cache,
             lookups=tuple(request.lookups),
             images=image_reports,
@@ -169,20 +169,26 @@ class Pipeline:
 class Tally:
     """What a run's deltas add up to: each sample's tokens and end, the prompt's figures."""
 
-    __slots__ = ("_ended", "_tokens", "last", "prompt_logprobs", "prompt_tokens")
+    __slots__ = (
+        "_ended",
+        "_tokens",
+        "cached_prompt_tokens",
+        "prompt_logprobs",
+        "prompt_tokens",
+    )
 
     def __init__(self, samples: int) -> None:
         self._tokens = dict.fromkeys(range(samples), 0)
         self._ended: dict[int, EngineDelta] = {}  # each sample's last delta
-        self.last = EngineDelta("", ())
+        self.cached_prompt_tokens = 0  # as the run's latest delta says
         self.prompt_tokens = 0
         self.prompt_logprobs: tuple[TokenLogprobs, ...] = ()
 
     def add(self, delta: EngineDelta) -> None:
         self._tokens[delta.index] = self._tokens.get(delta.index, 0) + len(delta.token_ids)
+        self.cached_prompt_tokens = delta.num_cached_tokens
         self.prompt_tokens = delta.prompt_tokens or self.prompt_tokens
         self.prompt_logprobs = delta.prompt_logprobs or self.prompt_logprobs
-        self.last = delta
         if delta.finish_reason is not None:
             self._ended[delta.index] = delta
 
@@ -191,8 +197,10 @@ class Tally:
         ends = []
         for index, tokens in sorted(self._tokens.items()):
             last = self._ended.get(index)
-            reason = last.finish_reason if last is not None else None
-            ends.append(SampleEnd(index, reason, last.stop_reason if last else None, tokens))
+            if last is None:
+                ends.append(SampleEnd(index, None, None, tokens))
+            else:
+                ends.append(SampleEnd(index, last.finish_reason, last.stop_reason, tokens))
         return tuple(ends)
 
 
