@@ -7,6 +7,8 @@
      ├── ModelTakesNoImages    images sent to a text-only model
      ├── EngineUnavailable     the engine is not started, has failed, or is shutting down
  ├── InjectedFault         a failure injected on purpose (MMGATE_CHAOS__*, reliability runs)
+     ├── AdapterNotFound       an adapter the server does not serve, or the caller may not use
+     ├── AdapterRefused        an adapter load refused: the folder, its rank or its shapes
      ├── Unauthenticated       no credential, or one mmgate does not know
      ├── NotPermitted          a known caller asking for what its role may not do
      ├── EntryNotFound         another tenant's entry: answered as if there were none
@@ -74,6 +76,25 @@ class InjectedFault(MmgateError, RuntimeError):
         self.point = point
 
 
+class AdapterNotFound(MmgateError, LookupError):
+    """A LoRA adapter the server does not serve, or one the caller may not use: the same answer
+    either way, so that a tenant learns nothing of another's adapters."""
+
+    def __init__(self, name: str) -> None:
+        # the name as sent, cut short: a message never grows with what a caller sends
+        super().__init__(f"no adapter {name[:64]!r} is served to this caller")
+        self.name = name
+
+
+class AdapterRefused(MmgateError, ValueError):
+    """A load refused before anything changed; ``field`` is the request's field at fault."""
+
+    def __init__(self, field: str, description: str) -> None:
+        super().__init__(f"{field}: {description}")
+        self.field = field
+        self.description = description
+
+
 class Unauthenticated(MmgateError):
     """No credential, or one mmgate does not know; ``reason`` is the ErrorInfo reason."""
 
@@ -105,6 +126,8 @@ class TenantOverloaded(MmgateError):
 
 
 __all__ = [
+    "AdapterNotFound",
+    "AdapterRefused",
     "EngineUnavailable",
     "EntryNotFound",
     "ImageNotHeld",

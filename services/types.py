@@ -9,13 +9,13 @@ into (snapshots are copies).
     pipeline       ─▶ RenderedPrompt, EngineImages, LookupReport, ImageReport ─▶ Finished
                    ─▶ EngineRequest ─▶ engine
     engine         ─▶ EngineDelta ─▶ pipeline; EngineTimes (once, at the end) ─▶ EngineTrace
-    engine, media  ─▶ EngineStats, EngineTokenStats, MediaStats ─▶ metrics, GetStats
+    engine, media  ─▶ EngineStats, EngineTokenStats, AdapterStats, MediaStats ─▶ metrics, GetStats
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, final
 
 CachePolicy = Literal["prompt", "response", "bypass"]
@@ -146,6 +146,17 @@ class EngineImages:
 
 @final
 @dataclass(frozen=True, slots=True)
+class AdapterRef:
+    """A LoRA adapter as the engine serves it: its name, and its content digest (a reload under
+    the same name with other weights is another adapter, in every cache)."""
+
+    name: str
+    digest: str
+    rank: int = 0
+
+
+@final
+@dataclass(frozen=True, slots=True)
 class EngineRequest:
     """One run of the engine: a tokenized prompt, its sampling and images, under mmgate's id.
 
@@ -164,6 +175,8 @@ class EngineRequest:
     cache_salt: str | None = None
     # one output per sample when it has ended, none at each step (a unary call's own run)
     final_only: bool = False
+    # the LoRA adapter to answer through; None: the base model
+    adapter: AdapterRef | None = None
 
 
 @final
@@ -267,6 +280,7 @@ class Finished:
     images: tuple[ImageReport, ...]
     samples: tuple[SampleEnd, ...] = ()
     prompt_logprobs: tuple[TokenLogprobs, ...] = ()
+    adapter: AdapterRef | None = None
 
 
 # ── snapshots ───────────────────────────────────────────────────────────────────────────────
@@ -337,6 +351,17 @@ class EngineTokenStats:
 
 
 @final
+@dataclass(frozen=True, slots=True)
+class AdapterStats:
+    """Requests and generated tokens by adapter ("base": none), and what the engine holds."""
+
+    requests: Mapping[str, int] = field(default_factory=dict)
+    generated_tokens: Mapping[str, int] = field(default_factory=dict)
+    served: int = 0  # adapters a request may name now
+    loads: Mapping[str, int] = field(default_factory=dict)  # run-time loads by outcome
+
+
+@final
 @dataclass(slots=True)
 class MediaStats:
     """What the media stage did itself: work the cache saved shows as work not done here."""
@@ -362,6 +387,8 @@ class ThreadPoolStats:
 
 __all__ = [
     "TIME_TO_FIRST_TOKEN_BUCKETS",
+    "AdapterRef",
+    "AdapterStats",
     "CachePolicy",
     "ChatTurn",
     "Constraint",

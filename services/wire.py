@@ -33,6 +33,8 @@ CACHE_UNAVAILABLE: Final = "CACHE_UNAVAILABLE"
 MODEL_TAKES_NO_IMAGES: Final = "MODEL_TAKES_NO_IMAGES"
 ANSWER_TOO_LARGE: Final = "ANSWER_TOO_LARGE"  # more than the server sends in one message
 INJECTED_FAULT: Final = "INJECTED_FAULT"  # a chaos run's fault (never with chaos off)
+ADAPTER_NOT_FOUND: Final = "ADAPTER_NOT_FOUND"  # not served, or not this caller's to use
+ADAPTER_REFUSED: Final = "ADAPTER_REFUSED"  # a LoadAdapter refused: nothing changed
 # authentication and tenants (docs/security.md)
 CREDENTIALS_MISSING: Final = "CREDENTIALS_MISSING"
 CREDENTIALS_INVALID: Final = "CREDENTIALS_INVALID"
@@ -62,6 +64,8 @@ def is_digest(text: str) -> bool:
 
 
 __all__ = [
+    "ADAPTER_NOT_FOUND",
+    "ADAPTER_REFUSED",
     "ADMIN_ONLY",
     "AFFINITY_HEADER",
     "AUTHORIZATION_HEADER",

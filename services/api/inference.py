@@ -38,8 +38,16 @@ from ..types import (
     SampleEnd,
     TokenLogprobs,
 )
+from .adapters import (
+    adapter_for,
+    adapter_message,
+    admin_only,
+    checked_name,
+    folder_under,
+    usable,
+)
 from .admission import Admission
-from .auth import current_caller
+from .auth import Caller, current_caller
 from .metadata import call_deadline, trace_headers
 from .status import ServiceError, abort, answer_too_large, from_exception
 from .validation import MAX_LOGPROBS, validate
@@ -121,7 +129,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             facts = self.engine.facts()
         except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
             await abort(context, from_exception(exc))
-        settings = self.settings
+        settings, caller = self.settings, current_caller()
         return pb.ModelInfo(
             model=self.engine.model_name,
             max_model_len=self.engine.max_model_len,
@@ -145,21 +153,49 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 max_samples=settings.max_samples,
                 max_logprobs=MAX_LOGPROBS,
             ),
+            adapters=usable(caller, self.engine),
+            default_adapter=caller.default_adapter,
         )
+
+    async def LoadAdapter(
+        self, request: pb.LoadAdapterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.LoadAdapterResponse:
+        try:
+            admin_only(current_caller(), "LoadAdapter")
+            name = checked_name(request.name)
+            folder = folder_under(self.settings.engine.adapter_root, request.path)
+            deadline = call_deadline(context, self.settings.default_deadline_seconds)
+            # a load cut short changes nothing mmgate serves (the engine may keep a copy it
+            # never uses, until it evicts it)
+            async with asyncio.timeout_at(loop_deadline(deadline)):
+                ref, replaced = await self.engine.load_adapter(name, folder)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
+            await abort(context, from_exception(exc))
+        return pb.LoadAdapterResponse(adapter=adapter_message(ref), replaced=replaced)
+
+    async def UnloadAdapter(
+        self, request: pb.UnloadAdapterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UnloadAdapterResponse:
+        try:
+            admin_only(current_caller(), "UnloadAdapter")
+            running = self.engine.unload_adapter(request.name)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
+            await abort(context, from_exception(exc))
+        return pb.UnloadAdapterResponse(requests_running=running)
 
     # ── one call ────────────────────────────────────────────────────────────────────────────
 
     async def _serve(
         self, message: pb.GenerateRequest, context: grpc.aio.ServicerContext, *, whole: bool = False
     ) -> AsyncGenerator[EngineDelta | Finished, None]:
-        tenant = current_caller().tenant
+        caller = current_caller()
         error: ServiceError | None = None
         try:
-            with self.admission.enter(tenant):
+            with self.admission.enter(caller.tenant):
                 deadline = call_deadline(context, self.settings.default_deadline_seconds)
                 pipeline = self.pipeline.get()
                 async with asyncio.timeout_at(loop_deadline(deadline)):
-                    request = self._request(pipeline, message, context, tenant, deadline)
+                    request = self._request(pipeline, message, context, caller, deadline)
                     events = pipeline.generate(request, whole=whole)
                     async with contextlib.aclosing(events):
                         async for event in events:
@@ -174,7 +210,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         pipeline: Pipeline,
         message: pb.GenerateRequest,
         context: grpc.aio.ServicerContext,
-        tenant: str,
+        caller: Caller,
         deadline: float,
     ) -> Request:
         pipeline.check_ready(with_images=bool(message.images))  # before any image work
@@ -185,7 +221,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             vocab_size=pipeline.engine.vocab_size,
             takes_images=pipeline.media.takes_images,
         )
-        return pipeline.request(checked, tenant, deadline, trace_headers(context))
+        adapter = adapter_for(caller, message.adapter, self.engine)
+        return pipeline.request(checked, caller.tenant, deadline, trace_headers(context), adapter)
 
 
 def _message(event: EngineDelta | Finished) -> pb.GenerateResponse:
@@ -240,6 +277,7 @@ def _final(event: Finished) -> pb.GenerateFinal:
         model=event.model,
         samples=[_sample_end(end) for end in event.samples],
         prompt_logprobs=[_logprobs(position) for position in event.prompt_logprobs],
+        adapter=adapter_message(event.adapter) if event.adapter is not None else None,
     )
 
 

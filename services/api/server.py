@@ -259,6 +259,7 @@ class MmgateServer:
             chaos_enabled=self.chaos.enabled,
             chaos_injected=dict(self.chaos.injected),
             auth_refused=dict(self.auth.refused),
+            adapters=self.engine.adapter_stats(),
         )
 
     async def _forget(self, tenant: str, key: str) -> None:

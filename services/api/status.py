@@ -10,6 +10,8 @@ ModelTakesNoImages             FAILED_PRECONDITION + ErrorInfo(reason=MODEL_TAKE
 Unauthenticated                UNAUTHENTICATED    + ErrorInfo(reason=CREDENTIALS_MISSING|_INVALID)
 NotPermitted                   PERMISSION_DENIED  + ErrorInfo(reason=TENANT_MISMATCH|ADMIN_ONLY)
 EntryNotFound                  NOT_FOUND          + ErrorInfo(reason=ENTRY_NOT_FOUND)
+AdapterNotFound                NOT_FOUND          + ErrorInfo(reason=ADAPTER_NOT_FOUND)
+AdapterRefused (a load)        INVALID_ARGUMENT   + BadRequest + ErrorInfo(reason=ADAPTER_REFUSED)
 TenantOverloaded               RESOURCE_EXHAUSTED + ErrorInfo(reason=TENANT_OVERLOADED) + RetryInfo
 an answer past the send limit  RESOURCE_EXHAUSTED + ErrorInfo(reason=ANSWER_TOO_LARGE)
 CacheRecursionError            INTERNAL           (the cycle goes to the log, not the client)
@@ -35,6 +37,8 @@ from cache_actor import (
 )
 
 from ..errors import (
+    AdapterNotFound,
+    AdapterRefused,
     EngineUnavailable,
     EntryNotFound,
     ImageNotHeld,
@@ -47,6 +51,8 @@ from ..errors import (
     Violation,
 )
 from ..wire import (
+    ADAPTER_NOT_FOUND,
+    ADAPTER_REFUSED,
     ANSWER_TOO_LARGE,
     CACHE_UNAVAILABLE,
     DRAINING,
@@ -164,6 +170,15 @@ def from_exception(exc: BaseException) -> ServiceError:
         return ServiceError(grpc.StatusCode.PERMISSION_DENIED, str(exc), reason=exc.reason)
     if isinstance(exc, EntryNotFound):
         return ServiceError(grpc.StatusCode.NOT_FOUND, str(exc), reason=ENTRY_NOT_FOUND)
+    if isinstance(exc, AdapterNotFound):
+        return ServiceError(grpc.StatusCode.NOT_FOUND, str(exc), reason=ADAPTER_NOT_FOUND)
+    if isinstance(exc, AdapterRefused):
+        return ServiceError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"adapter refused, nothing changed: {exc}",
+            reason=ADAPTER_REFUSED,
+            violations=[Violation(exc.field, exc.description)],
+        )
     if isinstance(exc, TenantOverloaded):
         return ServiceError(
             grpc.StatusCode.RESOURCE_EXHAUSTED,

@@ -3,12 +3,14 @@
 mmgate serve [--port 50051 --engine.model PATH ...]   settings: env MMGATE_*, flags override
 mmgate generate "What is the capital of France?" [--stream] [--max-tokens N] [--raw]
 mmgate generate "What is in the picture?" --image photo.jpg   (a vision model)
+mmgate generate "Summarise the ticket" --adapter support    (a LoRA adapter the caller may use)
 mmgate stats [--target HOST:PORT] [--watch [SECONDS] [--count N]]
 mmgate bench [--concurrency N | --rate R] (--requests N | --duration S) [--json F] [--plot F]
 mmgate models prepare [--cache DIR]
 mmgate models tiny PATH [--seed N]          a tiny random Llama (tests)
 mmgate models tiny-llava PATH [--seed N]    a tiny random LLaVA (multimodal tests)
 mmgate models vitl-llava PATH [--seed N]    a random LLaVA, ViT-L/14-336-sized tower (benchmarks)
+mmgate models adapter MODEL PATH [--seed N] [--rank R] [--vision]   a random LoRA adapter (tests)
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ async def _generate(args: argparse.Namespace) -> int:
         "choice": args.choice or None,
         "n": args.n if args.n != 1 else None,
         "logprobs": args.logprobs,
+        "adapter": args.adapter or "",
     }
     async with MmgateClient(
         args.target,
@@ -147,6 +150,10 @@ def _models(args: argparse.Namespace) -> int:
         path = models.build_tiny_llava(Path(args.path), seed=args.seed)
     elif args.models_command == "vitl-llava":
         path = models.build_vitl_llava(Path(args.path), seed=args.seed)
+    elif args.models_command == "adapter":
+        path = models.build_test_adapter(
+            Path(args.model), Path(args.path), seed=args.seed, rank=args.rank, vision=args.vision
+        )
     else:
         from ..config import Settings
 
@@ -179,6 +186,9 @@ def _parser() -> argparse.ArgumentParser:
         "--cache-policy", choices=["prompt", "response", "bypass"], default="prompt"
     )
     generate.add_argument("--tenant")
+    generate.add_argument(
+        "--adapter", help="a LoRA adapter the caller may use (mmgate's model info)"
+    )
     generate.add_argument(
         "--image",
         action="append",
@@ -226,6 +236,16 @@ def _parser() -> argparse.ArgumentParser:
         build = model_commands.add_parser(name, help=f"build {what} for tests, once")
         build.add_argument("path", help="the model folder to write")
         build.add_argument("--seed", type=int, default=0, help="fixes the random weights")
+    adapter = model_commands.add_parser("adapter", help="build a random LoRA adapter for tests")
+    adapter.add_argument("model", help="the model folder it adapts")
+    adapter.add_argument("path", help="the adapter folder to write")
+    adapter.add_argument("--seed", type=int, default=0, help="fixes the random weights")
+    adapter.add_argument("--rank", type=arguments.count, default=8)
+    adapter.add_argument(
+        "--vision",
+        action="store_true",
+        help="a vision-tower layer too (embeddings mode refuses it)",
+    )
     for sub in (generate, stats):
         sub.add_argument("--target", default=DEFAULT_TARGET)
         sub.add_argument("--timeout", type=float, default=120.0)

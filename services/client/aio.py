@@ -120,6 +120,25 @@ class MmgateClient:
         )
         return response
 
+    async def load_adapter(self, name: str, path: str) -> inference_pb2.LoadAdapterResponse:
+        """An admin's: serve the LoRA adapter in ``path`` (under the server's adapter root) as
+        ``name``, replacing one of that name."""
+        response: inference_pb2.LoadAdapterResponse = await self.inference.LoadAdapter(
+            inference_pb2.LoadAdapterRequest(name=name, path=path),
+            timeout=self.timeout,
+            metadata=self.metadata,
+        )
+        return response
+
+    async def unload_adapter(self, name: str) -> int:
+        """An admin's: stop serving ``name``; the requests still running on it (they finish)."""
+        response: inference_pb2.UnloadAdapterResponse = await self.inference.UnloadAdapter(
+            inference_pb2.UnloadAdapterRequest(name=name),
+            timeout=self.timeout,
+            metadata=self.metadata,
+        )
+        return response.requests_running
+
     async def stats(self, *, all_tenants: bool = False) -> cache_pb2.GetStatsResponse:
         """The caller's tenant's figures; an admin's: all tenants together, and with
         ``all_tenants`` each tenant's."""

@@ -45,10 +45,12 @@ def build_request(
     request_id: str = "",
     cache_policy: str = "prompt",
     token_ids: Sequence[int] | None = None,
+    adapter: str = "",
     **sampling: Any,
 ) -> inference_pb2.GenerateRequest:
     """A GenerateRequest; ``sampling`` takes SamplingParams' fields (max_tokens, temperature,
-    n, logprobs, prompt_logprobs...).
+    n, logprobs, prompt_logprobs...). ``adapter``: a LoRA adapter the caller may use (empty: its
+    default, else the base model).
 
     The input: ``prompt`` (chat-rendered unless ``raw``), ``messages``, or ``token_ids`` (a
     prompt tokenized with the served model's tokenizer). One constraint at most:
@@ -64,6 +66,7 @@ def build_request(
         cache_policy=CACHE_POLICIES[cache_policy],
         sampling=inference_pb2.SamplingParams(**fields),
         images=[inference_pb2.Image(data=data) for data in images],
+        adapter=adapter,
     )
     if token_ids is not None:
         request.token_ids.ids.extend(token_ids)

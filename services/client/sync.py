@@ -121,6 +121,25 @@ class SyncClient:
         )
         return response
 
+    def load_adapter(self, name: str, path: str) -> inference_pb2.LoadAdapterResponse:
+        """An admin's: serve the LoRA adapter in ``path`` (under the server's adapter root) as
+        ``name``, replacing one of that name."""
+        response: inference_pb2.LoadAdapterResponse = self.inference.LoadAdapter(
+            inference_pb2.LoadAdapterRequest(name=name, path=path),
+            timeout=self.timeout,
+            metadata=self.metadata,
+        )
+        return response
+
+    def unload_adapter(self, name: str) -> int:
+        """An admin's: stop serving ``name``; the requests still running on it (they finish)."""
+        response: inference_pb2.UnloadAdapterResponse = self.inference.UnloadAdapter(
+            inference_pb2.UnloadAdapterRequest(name=name),
+            timeout=self.timeout,
+            metadata=self.metadata,
+        )
+        return response.requests_running
+
     def stats(self, *, all_tenants: bool = False) -> cache_pb2.GetStatsResponse:
         """The caller's tenant's figures; an admin's: all tenants together, and with
         ``all_tenants`` each tenant's."""

@@ -23,7 +23,15 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from .access import AuthSettings, ConnectionSettings, Grant, TenantSettings
 from .cache import CacheSettings, MediaSettings, RedisSettings
 from .chaos import ChaosSettings, FaultPlan, Faults
-from .engine import EngineSettings, MiB, ThreadSettings, default_model_cache, home_model_cache
+from .engine import (
+    ADAPTER_NAME,
+    LORA_RANKS,
+    EngineSettings,
+    MiB,
+    ThreadSettings,
+    default_model_cache,
+    home_model_cache,
+)
 from .observability import HealthSettings, MetricsSettings, TracingSettings
 
 
@@ -101,6 +109,8 @@ class Settings(BaseSettings):
 
 
 __all__ = [
+    "ADAPTER_NAME",
+    "LORA_RANKS",
     "AuthSettings",
     "CacheSettings",
     "ChaosSettings",

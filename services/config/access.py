@@ -18,6 +18,18 @@ class Grant(BaseModel):
     """The tenant whose cache entries the caller sees (letters, digits, - and _)."""
     role: Literal["tenant", "admin"] = "tenant"
     """admin: sees every tenant's stats and may inspect or invalidate any tenant's entries."""
+    adapters: tuple[str, ...] = ()
+    """The LoRA adapters the tenant may name in its requests ("*": every one served); an admin
+    may use every one."""
+    default_adapter: str | None = None
+    """The adapter a request that names none is answered through; unset: the base model."""
+
+    @model_validator(mode="after")
+    def _default_is_allowed(self) -> Grant:
+        default = self.default_adapter
+        if default is not None and "*" not in self.adapters and default not in self.adapters:
+            raise ValueError(f"default_adapter {default[:64]!r} is not among its adapters")
+        return self
 
     @model_validator(mode="before")
     @classmethod

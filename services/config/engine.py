@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MiB = 1024 * 1024
+# what an adapter may be called: also what a metric label and a log line can hold
+ADAPTER_NAME = r"^[A-Za-z0-9._-]{1,64}$"
+# the ranks vLLM can serve (its max_lora_rank)
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def home_model_cache() -> Path:
@@ -73,8 +78,41 @@ class EngineSettings(BaseModel):
     unary_final_only: bool = True
     """A unary Complete that no other request can join asks the engine for its final output
     only, instead of an output at every step (false: every step, as a stream; for comparison)."""
+    adapters: dict[str, Path] = Field(default_factory=dict)
+    """LoRA adapters served from the start, as JSON: a name to a local folder holding
+    adapter_config.json and adapter_model.safetensors, '{"support": "/adapters/support"}'.
+    Tenants' grants say who may use which (docs/security.md)."""
+    adapter_root: Path | None = None
+    """The folder Inference.LoadAdapter may read adapters from (it and what is under it); unset:
+    no adapters are loaded at run time."""
+    max_adapters: int = Field(16, gt=0)
+    """Adapters served at once, configured and loaded together; the engine keeps them all in
+    memory."""
+    max_loras: int | None = Field(None, gt=0)
+    """Different adapters in one engine step (vLLM's max_loras); unset: the adapters configured
+    at start, at least 1 and at most 8."""
+    max_lora_rank: int | None = None
+    """The highest rank an adapter may have (vLLM's max_lora_rank: 1, 8, 16, 32, 64, 128, 256,
+    320 or 512); unset: the smallest of those that holds every adapter configured at start, and
+    at least 16."""
     extra: dict[str, Any] = Field(default_factory=dict)
     """Any other vLLM engine argument, as JSON: '{"swap_space": 2}'."""
+
+    @property
+    def lora(self) -> bool:
+        """Whether the engine serves adapters at all (vLLM's enable_lora)."""
+        return bool(self.adapters) or self.adapter_root is not None
+
+    @model_validator(mode="after")
+    def _adapters_named(self) -> EngineSettings:
+        for name in self.adapters:
+            if re.fullmatch(ADAPTER_NAME, name) is None:
+                raise ValueError(f"adapter name {name[:64]!r}: letters, digits, '.', '-', '_'")
+        if len(self.adapters) > self.max_adapters:
+            raise ValueError(f"{len(self.adapters)} adapters configured, max_adapters is lower")
+        if self.max_lora_rank is not None and self.max_lora_rank not in LORA_RANKS:
+            raise ValueError(f"max_lora_rank must be one of {', '.join(map(str, LORA_RANKS))}")
+        return self
 
     @model_validator(mode="after")
     def _compact_json_needs_a_backend(self) -> EngineSettings:
@@ -101,4 +139,12 @@ class ThreadSettings(BaseModel):
     """Rendering chat templates and tokenizing prompts."""
 
 
-__all__ = ["EngineSettings", "MiB", "ThreadSettings", "default_model_cache", "home_model_cache"]
+__all__ = [
+    "ADAPTER_NAME",
+    "LORA_RANKS",
+    "EngineSettings",
+    "MiB",
+    "ThreadSettings",
+    "default_model_cache",
+    "home_model_cache",
+]

@@ -15,13 +15,25 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import shutil
+import tempfile
 from collections.abc import AsyncGenerator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, final
 
 from ..config import EngineSettings, default_model_cache
-from ..errors import EngineUnavailable
+from ..errors import AdapterNotFound, EngineUnavailable
 from ..observability.spans import EngineTrace
-from ..types import EngineDelta, EngineRequest, EngineStats, EngineTokenStats, ModelFacts
+from ..types import (
+    AdapterRef,
+    AdapterStats,
+    EngineDelta,
+    EngineRequest,
+    EngineStats,
+    EngineTokenStats,
+    ModelFacts,
+)
+from .adapters import AdapterSet, planned_rank, planned_slots
 from .dtypes import VERDICTS_FILE, Cpu, DtypeChoice, Verdicts, choose_dtype, this_cpu
 from .outputs import deltas_of, times_of
 from .progress import Progress
@@ -62,6 +74,8 @@ class EngineWorker:
         self._dtype_choice: DtypeChoice | None = None
         # vLLM exports its own spans (engine.extra otlp_traces_endpoint): it takes trace headers
         self.vllm_traces = False
+        # the LoRA adapters served, once started with any (settings.lora)
+        self.adapters: AdapterSet | None = None
 
     def accept_images(self, *, per_prompt: int, embeddings: bool) -> None:
         """Before start(): take up to ``per_prompt`` images a request, as embeddings too."""
@@ -126,8 +140,24 @@ class EngineWorker:
             kwargs["limit_mm_per_prompt"] = {"image": self._image_limit}
             # mmgate's encoder-output cache hands vLLM image embeddings instead of pixels
             kwargs["enable_mm_embeds"] = self._image_embeddings
+        if s.lora:
+            # one slot more on the CPU: base-model requests' null adapter (adapters.py)
+            slots = planned_slots(s) + int(self._on_cpu())
+            kwargs.update(
+                enable_lora=True,
+                max_loras=slots,
+                max_lora_rank=planned_rank(s),
+                # every adapter served, the null one, and a few draining after an unload
+                max_cpu_loras=max(slots, s.max_adapters + 1),
+            )
         kwargs.update(s.extra)
         return AsyncEngineArgs(**kwargs)
+
+    @staticmethod
+    def _on_cpu() -> bool:
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.is_cpu())
 
     async def start(self) -> None:
         """Load the model and start the engine core (seconds to a minute)."""
@@ -150,7 +180,52 @@ class EngineWorker:
         self.vocab_size = self._require().model_config.get_vocab_size()
         observability = getattr(self._require(), "observability_config", None)
         self.vllm_traces = bool(getattr(observability, "otlp_traces_endpoint", None))
+        if self.settings.lora:
+            await self._serve_adapters()
         log.info("engine ready: %s (max_model_len %d)", self.model_name, self.max_model_len)
+
+    async def _serve_adapters(self) -> None:
+        engine = self._require()
+        config = engine.model_config
+        self.adapters = AdapterSet(
+            self.settings,
+            engine,
+            Path(tempfile.mkdtemp(prefix="mmgate-adapters-")),
+            text_config=config.hf_text_config.to_dict(),
+            max_rank=planned_rank(self.settings),
+            language_only=self._image_embeddings,
+            multimodal=bool(config.is_multimodal_model),
+        )
+        await self.adapters.start(null_adapter=self._on_cpu())
+
+    # ── adapters ─────────────────────────────────────────────────────────────────────────────
+
+    def adapter(self, name: str) -> AdapterRef:
+        """The adapter served as ``name`` (AdapterNotFound: none)."""
+        if self.adapters is None:
+            raise AdapterNotFound(name)
+        return self.adapters.resolve(name)
+
+    def served_adapters(self) -> tuple[AdapterRef, ...]:
+        if self.adapters is None:
+            return ()
+        return tuple(served.ref for served in self.adapters.served.values())
+
+    def adapter_stats(self) -> AdapterStats:
+        return AdapterStats() if self.adapters is None else self.adapters.stats()
+
+    async def load_adapter(self, name: str, folder: Path) -> tuple[AdapterRef, bool]:
+        """Serve ``folder`` as ``name``; refused (AdapterRefused): nothing changed."""
+        self._require()
+        if self.adapters is None:
+            raise EngineUnavailable("this engine serves no adapters")
+        return await self.adapters.load(name, folder)
+
+    def unload_adapter(self, name: str) -> int:
+        """Stop serving ``name``; the runs still going on it finish on it."""
+        if self.adapters is None:
+            raise AdapterNotFound(name)
+        return self.adapters.unload(name)
 
     @property
     def ready(self) -> bool:
@@ -226,6 +301,9 @@ class EngineWorker:
         engine = self._require()
         request_id, sampling, images = request.request_id, request.sampling, request.images
         params = vllm_sampling(sampling, final_only=request.final_only)
+        if request.adapter is not None and self.adapters is None:
+            raise AdapterNotFound(request.adapter.name)
+        generated = 0
         # set once vLLM says the request finished ("abort" included); None: it is still running
         finish_reason: str | None = None
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
@@ -237,11 +315,14 @@ class EngineWorker:
             prompt["multi_modal_data"] = {"image": engine_image_data(images)}
             # vLLM's processor and prefix caches key on the digest, as mmgate's cache does
             prompt["multi_modal_uuids"] = {"image": list(images.uuids)}
+        # held until the run ends (released below): an unload lets it finish
+        lora = self.adapters.acquire(request.adapter) if self.adapters is not None else None
         span = EngineTrace.start(self.model_name, request)
         outputs = engine.generate(
             prompt,
             params,
             request_id,
+            lora_request=lora.request() if lora is not None else None,
             # this request's span as the parent of vLLM's; without vLLM tracing it would only
             # log a warning for each request and drop them
             trace_headers=span.headers(request.trace_headers) if self.vllm_traces else None,
@@ -260,6 +341,7 @@ class EngineWorker:
                         finish_reason = "abort" if "abort" in ended else "finished"
                     for delta in deltas:
                         span.observe(delta)
+                        generated += len(delta.token_ids)
                         yield delta
         except VLLMValidationError as refused:
             # vLLM checks a request (its constraint above all) as it takes it: nothing ran, so
@@ -283,6 +365,8 @@ class EngineWorker:
                     await asyncio.shield(engine.abort(request_id))
             finally:
                 self.progress.closed(request_id)
+                if self.adapters is not None:
+                    self.adapters.release(lora, generated)
 
     async def close(self) -> None:
         if self._engine is None or self._closed:
@@ -298,3 +382,6 @@ class EngineWorker:
             await asyncio.gather(handler, return_exceptions=True)
         # shutdown() joins the engine core process: off the loop, so health keeps answering
         await asyncio.to_thread(engine.shutdown)
+        if self.adapters is not None:
+            await self.adapters.close()
+            await asyncio.to_thread(shutil.rmtree, self.adapters.folder, True)

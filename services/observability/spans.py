@@ -144,6 +144,8 @@ class EngineTrace:
             "gen_ai.provider.name": PROVIDER,
             "gen_ai.request.model": model,
             "gen_ai.response.model": model,
+            # the LoRA adapter answered through ("" : the base model); names are admin-chosen
+            "mmgate.adapter": request.adapter.name if request.adapter is not None else "",
             # the caller's id where it gave one; the engine's own id beside it
             "gen_ai.response.id": request.label or request.request_id,
             "mmgate.engine.request_id": request.request_id,

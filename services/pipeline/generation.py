@@ -32,6 +32,7 @@ from ..config import Settings
 from ..engine.protocol import Engine
 from ..errors import EngineUnavailable
 from ..types import (
+    AdapterRef,
     EngineDelta,
     EngineImages,
     Finished,
@@ -91,14 +92,17 @@ class Pipeline:
         tenant: str,
         deadline: float,
         trace_headers: Mapping[str, str],
+        adapter: AdapterRef | None = None,
     ) -> Request:
-        """A validated request of ``tenant``'s, under its own salt of the engine's caches."""
+        """A validated request of ``tenant``'s, under its own salt of the engine's caches,
+        answered through ``adapter`` (None: the base model)."""
         return Request(
             checked,
             tenant,
             deadline,
             trace_headers,
             cache_salt=self.isolation.cache_salt(tenant),
+            adapter=adapter,
         )
 
     def check_ready(self, *, with_images: bool) -> None:
@@ -158,6 +162,7 @@ class Pipeline:
             images=image_reports,
             samples=samples,
             prompt_logprobs=tally.prompt_logprobs,
+            adapter=request.adapter,
         )
 
     async def close(self) -> None:

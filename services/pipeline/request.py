@@ -1,6 +1,7 @@
 """One request on its way through the pipeline: what every stage needs, carried in one object.
 
-api: validate ─▶ Pipeline.request: Request(checked, tenant, deadline, trace headers, cache salt)
+api: validate ─▶ Pipeline.request: Request(checked, tenant, deadline, trace headers, cache salt,
+     adapter)
      ─▶ prompt stage, media stage, shared responses: each appends its LookupReport
      ─▶ request.engine_request(prompt, sampling, images): the one way an engine run is made
      ─▶ Finished (the reports with it)
@@ -17,7 +18,14 @@ from typing import Any, Final, final
 
 from cache_actor import Lookup, TierUse
 
-from ..types import EngineImages, EngineRequest, GenerationRequest, LookupReport, Sampling
+from ..types import (
+    AdapterRef,
+    EngineImages,
+    EngineRequest,
+    GenerationRequest,
+    LookupReport,
+    Sampling,
+)
 
 # How each stage uses the second tier (what Redis holds, and why: tier_values.py). Prompts and
 # decoded images stay in memory; a shared response is read from the tier and written to it by
@@ -50,6 +58,8 @@ class Request:
     lookups: list[LookupReport] = field(default_factory=list)
     # the tenant's salt of the engine's prefix cache (tenancy.py); None: shared by all
     cache_salt: str | None = None
+    # the LoRA adapter the caller may use and named (or defaults to); None: the base model
+    adapter: AdapterRef | None = None
 
     def left(self) -> float:
         return seconds_left(self.deadline)
@@ -74,6 +84,7 @@ class Request:
             trace_headers=self.trace_headers or None,
             cache_salt=self.cache_salt,
             final_only=final_only,
+            adapter=self.adapter,
         )
 
     def report(

@@ -161,6 +161,9 @@ class SharedResponses:
             "sampling": dataclasses.asdict(sampling),
             "images": list(images.uuids) if images is not None else [],
         }
+        if request.adapter is not None:
+            # by content: an adapter reloaded under its name with other weights answers anew
+            payload["adapter"] = request.adapter.digest
         key = cache_key(self.engine.model_name, "response", payload)
         run = request.engine_request(prompt.token_ids, sampling, images)
         tenant = request.tenant

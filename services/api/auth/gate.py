@@ -36,10 +36,16 @@ log = logging.getLogger("mmgate.auth")
 @final
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """An authenticated caller: the tenant its cache entries belong to, and whether it is admin."""
+    """An authenticated caller: the tenant its cache entries belong to, whether it is admin, and
+    the LoRA adapters it may use (None: every one, as an admin and in mode none)."""
 
     tenant: str
     admin: bool
+    adapters: frozenset[str] | None = None
+    default_adapter: str = ""  # "" : the base model
+
+    def may_use(self, adapter: str) -> bool:
+        return self.adapters is None or adapter in self.adapters
 
 
 _CALLER: ContextVar[Caller] = ContextVar("mmgate_caller")
@@ -95,7 +101,14 @@ class AuthGate(WatchingInterceptor):
             raise NotPermitted(
                 f"{TENANT_HEADER} names a tenant other than the credential's", TENANT_MISMATCH
             )
-        return Caller(grant.tenant, admin=grant.role == "admin")
+        admin = grant.role == "admin"
+        every = admin or "*" in grant.adapters
+        return Caller(
+            grant.tenant,
+            admin=admin,
+            adapters=None if every else frozenset(grant.adapters),
+            default_adapter=grant.default_adapter or "",
+        )
 
     # ── credentials that change under a running server ─────────────────────────────────────
 

@@ -127,7 +127,7 @@ class Image(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., digest: _Optional[str] = ..., mime_type: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "chat", "token_ids", "sampling", "request_id", "cache_policy", "images")
+    __slots__ = ("prompt", "chat", "token_ids", "sampling", "request_id", "cache_policy", "images", "adapter")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +135,7 @@ class GenerateRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CACHE_POLICY_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     chat: Chat
     token_ids: TokenIds
@@ -142,7 +143,8 @@ class GenerateRequest(_message.Message):
     request_id: str
     cache_policy: CachePolicy
     images: _containers.RepeatedCompositeFieldContainer[Image]
-    def __init__(self, prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., cache_policy: _Optional[_Union[CachePolicy, str]] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ...) -> None: ...
+    adapter: str
+    def __init__(self, prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., cache_policy: _Optional[_Union[CachePolicy, str]] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "cached_prompt_tokens")
@@ -237,7 +239,7 @@ class SampleEnd(_message.Message):
     def __init__(self, index: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_string: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateFinal(_message.Message):
-    __slots__ = ("finish_reason", "usage", "cache", "request_id", "model", "samples", "prompt_logprobs")
+    __slots__ = ("finish_reason", "usage", "cache", "request_id", "model", "samples", "prompt_logprobs", "adapter")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
@@ -245,6 +247,7 @@ class GenerateFinal(_message.Message):
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     finish_reason: FinishReason
     usage: Usage
     cache: CacheReport
@@ -252,7 +255,8 @@ class GenerateFinal(_message.Message):
     model: str
     samples: _containers.RepeatedCompositeFieldContainer[SampleEnd]
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprobs]
-    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., cache: _Optional[_Union[CacheReport, _Mapping]] = ..., request_id: _Optional[str] = ..., model: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[SampleEnd, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ...) -> None: ...
+    adapter: Adapter
+    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., cache: _Optional[_Union[CacheReport, _Mapping]] = ..., request_id: _Optional[str] = ..., model: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[SampleEnd, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ..., adapter: _Optional[_Union[Adapter, _Mapping]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("delta", "final")
@@ -293,7 +297,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model", "max_model_len", "vocab_size", "eos_token_ids", "bos_token_id", "takes_images", "media_mode", "has_chat_template", "limits", "structured_output_backend")
+    __slots__ = ("model", "max_model_len", "vocab_size", "eos_token_ids", "bos_token_id", "takes_images", "media_mode", "has_chat_template", "limits", "structured_output_backend", "adapters", "default_adapter")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -304,6 +308,8 @@ class ModelInfo(_message.Message):
     HAS_CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     STRUCTURED_OUTPUT_BACKEND_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_ADAPTER_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_model_len: int
     vocab_size: int
@@ -314,7 +320,47 @@ class ModelInfo(_message.Message):
     has_chat_template: bool
     limits: ModelLimits
     structured_output_backend: str
-    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token_id: _Optional[int] = ..., takes_images: _Optional[bool] = ..., media_mode: _Optional[str] = ..., has_chat_template: _Optional[bool] = ..., limits: _Optional[_Union[ModelLimits, _Mapping]] = ..., structured_output_backend: _Optional[str] = ...) -> None: ...
+    adapters: _containers.RepeatedCompositeFieldContainer[Adapter]
+    default_adapter: str
+    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token_id: _Optional[int] = ..., takes_images: _Optional[bool] = ..., media_mode: _Optional[str] = ..., has_chat_template: _Optional[bool] = ..., limits: _Optional[_Union[ModelLimits, _Mapping]] = ..., structured_output_backend: _Optional[str] = ..., adapters: _Optional[_Iterable[_Union[Adapter, _Mapping]]] = ..., default_adapter: _Optional[str] = ...) -> None: ...
+
+class Adapter(_message.Message):
+    __slots__ = ("name", "digest", "rank")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    digest: str
+    rank: int
+    def __init__(self, name: _Optional[str] = ..., digest: _Optional[str] = ..., rank: _Optional[int] = ...) -> None: ...
+
+class LoadAdapterRequest(_message.Message):
+    __slots__ = ("name", "path")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
+
+class LoadAdapterResponse(_message.Message):
+    __slots__ = ("adapter", "replaced")
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_FIELD_NUMBER: _ClassVar[int]
+    adapter: Adapter
+    replaced: bool
+    def __init__(self, adapter: _Optional[_Union[Adapter, _Mapping]] = ..., replaced: _Optional[bool] = ...) -> None: ...
+
+class UnloadAdapterRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class UnloadAdapterResponse(_message.Message):
+    __slots__ = ("requests_running",)
+    REQUESTS_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    requests_running: int
+    def __init__(self, requests_running: _Optional[int] = ...) -> None: ...
 
 class ModelLimits(_message.Message):
     __slots__ = ("max_tokens", "max_images", "min_stream_interval", "max_message_bytes", "max_stop_strings", "max_stop_token_ids", "max_logit_bias", "max_constraint_chars", "max_choices", "max_samples", "max_logprobs")

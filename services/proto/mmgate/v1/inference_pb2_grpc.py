@@ -49,6 +49,16 @@ class InferenceStub:
                 request_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.GetModelInfoRequest.SerializeToString,
                 response_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.ModelInfo.FromString,
                 _registered_method=True)
+        self.LoadAdapter = channel.unary_unary(
+                '/mmgate.v1.Inference/LoadAdapter',
+                request_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.LoadAdapterRequest.SerializeToString,
+                response_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.LoadAdapterResponse.FromString,
+                _registered_method=True)
+        self.UnloadAdapter = channel.unary_unary(
+                '/mmgate.v1.Inference/UnloadAdapter',
+                request_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.UnloadAdapterRequest.SerializeToString,
+                response_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.UnloadAdapterResponse.FromString,
+                _registered_method=True)
 
 
 class InferenceServicer:
@@ -75,6 +85,20 @@ class InferenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadAdapter(self, request, context):
+        """Admin only: serve a LoRA adapter from a folder under the adapter root, or replace one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadAdapter(self, request, context):
+        """Admin only: stop serving an adapter; requests already running on it finish.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +116,16 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.GetModelInfo,
                     request_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.GetModelInfoRequest.FromString,
                     response_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.ModelInfo.SerializeToString,
+            ),
+            'LoadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadAdapter,
+                    request_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.LoadAdapterRequest.FromString,
+                    response_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.LoadAdapterResponse.SerializeToString,
+            ),
+            'UnloadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadAdapter,
+                    request_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.UnloadAdapterRequest.FromString,
+                    response_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.UnloadAdapterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,6 +209,60 @@ class Inference:
             '/mmgate.v1.Inference/GetModelInfo',
             services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.GetModelInfoRequest.SerializeToString,
             services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.ModelInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mmgate.v1.Inference/LoadAdapter',
+            services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.LoadAdapterRequest.SerializeToString,
+            services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.LoadAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mmgate.v1.Inference/UnloadAdapter',
+            services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.UnloadAdapterRequest.SerializeToString,
+            services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.UnloadAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,

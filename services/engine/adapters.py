@@ -1,0 +1,412 @@
+"""LoRA adapters the engine serves: checked, copied aside, handed to vLLM, dropped when unused.
+
+    load(name, folder) ─▶ copy aside, hashing (the digest) ─▶ mmgate's checks: config, rank, the
+        modules and their shapes against the model ─▶ vLLM add_lora ─▶ served[name]
+    EngineRequest.adapter (name, digest) ─▶ acquire: that very load ─▶ LoRARequest;
+        release when the run ends
+    unload(name), or a load under the same name ─▶ retired: no new request takes it; dropped
+        from the engine, and its copy deleted, after its last run
+
+Why a copy: vLLM reads an adapter's files again whenever it reloads one it evicted, and its prefix
+cache keys blocks by the adapter's name and path. A private copy per load, and a name with the
+digest in it, bind what the engine serves to the digest in mmgate's cache keys whatever then
+happens to the folder.
+
+Why a null adapter on the CPU: vLLM's CPU LoRA kernels (lora/ops/torch_ops) pick each row's
+weights by slot index, and a base-model row's index -1 picks the last slot: in a batch with
+adapters, a base-model request was answered through one of them. There, base-model requests go
+through an all-zero adapter of their own slot instead (B A x = 0: the base model's answer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import re
+import shutil
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Protocol, final
+
+from ..config import LORA_RANKS, EngineSettings
+from ..errors import AdapterNotFound, AdapterRefused
+from ..models.adapters import adapter_shapes
+from ..types import AdapterRef, AdapterStats
+
+log = logging.getLogger("mmgate.adapters")
+
+CONFIG_FILE: Final = "adapter_config.json"
+WEIGHTS_FILE: Final = "adapter_model.safetensors"
+# the language model's layers, in the names PEFT gives them (Llama; LLaVA's old and new layouts)
+_LANGUAGE: Final = frozenset({"model", "model.language_model", "language_model.model"})
+_KEY = re.compile(
+    r"base_model\.model\.(?P<prefix>.+?)\.layers\.(?P<layer>\d+)\."
+    r"(?:self_attn|mlp)\.(?P<module>\w+)\.lora_(?P<half>[AB])\.weight"
+)
+_OUTSIDE_LANGUAGE: Final = ("vision_tower", "multi_modal_projector")
+# adapters' names a metric keeps apart; beyond them, "other"
+MAX_LABELS: Final = 64
+BASE_LABEL: Final = "base"
+_CHUNK: Final = 1 << 20
+
+
+class LoraEngine(Protocol):
+    """What the set needs of vLLM's AsyncLLM."""
+
+    async def add_lora(self, lora_request: Any) -> bool: ...
+
+    async def remove_lora(self, lora_id: int) -> bool: ...
+
+    async def pin_lora(self, lora_id: int) -> bool: ...
+
+
+@final
+@dataclass(slots=True, eq=False)
+class Served:
+    """One load of an adapter: its reference, its id in the engine, its copy, its runs."""
+
+    ref: AdapterRef
+    lora_id: int
+    path: Path
+    running: int = 0
+    retired: bool = False
+
+    @property
+    def lora_name(self) -> str:
+        # vLLM's prefix-cache blocks hash the name: another load, another name
+        return f"{self.ref.name}@{self.ref.digest[:16]}"
+
+    def request(self) -> Any:
+        from vllm.lora.request import LoRARequest
+
+        return LoRARequest(self.lora_name, self.lora_id, str(self.path))
+
+
+def planned_rank(settings: EngineSettings) -> int:
+    """max_lora_rank: the setting, else the smallest vLLM rank holding every configured one."""
+    if settings.max_lora_rank is not None:
+        return settings.max_lora_rank
+    highest = max((_config_rank(folder) for folder in settings.adapters.values()), default=0)
+    return next(r for r in LORA_RANKS if r >= max(highest, 16))
+
+
+def planned_slots(settings: EngineSettings) -> int:
+    """max_loras: the setting, else the adapters configured at start, from 1 to 8."""
+    if settings.max_loras is not None:
+        return settings.max_loras
+    return min(max(len(settings.adapters), 1), 8)
+
+
+def _config_rank(folder: Path) -> int:
+    try:
+        rank = json.loads((folder / CONFIG_FILE).read_text()).get("r")
+    except (OSError, ValueError, AttributeError):
+        return 0  # the load at start says what is wrong with it
+    return rank if isinstance(rank, int) else 0
+
+
+@final
+class AdapterSet:
+    """The adapters one engine serves, by name; every change happens on the event loop."""
+
+    def __init__(
+        self,
+        settings: EngineSettings,
+        engine: LoraEngine,
+        folder: Path,
+        *,
+        text_config: dict[str, Any],
+        max_rank: int,
+        language_only: bool,
+        multimodal: bool,
+    ) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.folder = folder  # the copies, one sub-folder per load
+        self.shapes = adapter_shapes(text_config)
+        self.layers = int(text_config["num_hidden_layers"])
+        self.max_rank = max_rank
+        # embeddings mode: mmgate runs the vision tower and projector, so no adapter may touch them
+        self.language_only = language_only
+        # where the language model's layers are, in PEFT's names (the null adapter's)
+        self.layer_prefix = "model.language_model.layers" if multimodal else "model.layers"
+        self.served: dict[str, Served] = {}
+        self._draining: set[Served] = set()  # retired, with runs still going
+        self._ids = 0
+        self._loading = asyncio.Lock()  # one load at a time: a name's check and swap stay whole
+        self._drops: set[asyncio.Task[None]] = set()
+        self.null: Served | None = None
+        self.requests: Counter[str] = Counter()
+        self.generated_tokens: Counter[str] = Counter()
+        self.loads: Counter[str] = Counter()
+
+    # ── loads ────────────────────────────────────────────────────────────────────────────────
+
+    async def start(self, *, null_adapter: bool) -> None:
+        """The configured adapters (a bad one stops the start), and the CPU's null adapter."""
+        if null_adapter:
+            self.null = await self._null()
+        for name, folder in self.settings.adapters.items():
+            try:
+                await self.load(name, folder)
+            except AdapterRefused as exc:
+                raise ValueError(f"adapter {name} ({folder}): {exc.description}") from None
+
+    async def load(self, name: str, folder: Path) -> tuple[AdapterRef, bool]:
+        """Serve ``folder`` as ``name`` (replacing a load of that name): its reference, and
+        whether one was replaced. Refused (AdapterRefused): nothing changed."""
+        async with self._loading:
+            try:
+                ref, replaced = await self._load(name, folder)
+            except AdapterRefused:
+                self.loads["refused"] += 1
+                raise
+            self.loads["loaded"] += 1
+            return ref, replaced
+
+    async def _load(self, name: str, folder: Path) -> tuple[AdapterRef, bool]:
+        current = self.served.get(name)
+        if current is None and len(self.served) >= self.settings.max_adapters:
+            raise AdapterRefused(
+                "name",
+                f"this server serves {self.settings.max_adapters} adapters already"
+                " (MMGATE_ENGINE__MAX_ADAPTERS): unload one first",
+            )
+        self._ids += 1
+        lora_id = self._ids + 1  # 1 is the null adapter's
+        copy = self.folder / str(lora_id)
+        try:
+            digest = await asyncio.to_thread(_copy, folder, copy)
+            if current is not None and current.ref.digest == digest:
+                return current.ref, False  # the same bytes: nothing to change
+            rank = await asyncio.to_thread(self._check, copy)
+            served = Served(AdapterRef(name, digest, rank), lora_id, copy)
+            await self._add(served)
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, copy, True)
+            raise
+        if current is not None:
+            self._retire(current)
+        self.served[name] = served
+        log.info("adapter %s served: rank %d, digest %s", name, rank, digest[:16])
+        return served.ref, current is not None
+
+    async def _add(self, served: Served) -> None:
+        try:
+            await self.engine.add_lora(served.request())
+        except Exception as exc:  # noqa: BLE001 - the engine's refusal, in its own words, logged
+            log.warning("the engine refused adapter %s: %s", served.ref.name, exc)
+            words = _engine_words(exc)
+            raise AdapterRefused("path", f"the engine could not load it: {words}") from None
+
+    def _check(self, copy: Path) -> int:
+        """mmgate's own checks, before vLLM sees the adapter: its rank, and every weight's
+        module, layer and shape against the model (wrong shapes would fail the engine's step,
+        not the load). Returns the rank."""
+        from safetensors import safe_open
+
+        config = json.loads((copy / CONFIG_FILE).read_text())
+        rank = config.get("r") if isinstance(config, dict) else None
+        if not isinstance(rank, int) or rank <= 0:
+            raise AdapterRefused("path", f"{CONFIG_FILE} gives no rank r")
+        if config.get("use_dora"):
+            raise AdapterRefused("path", "DoRA adapters are not served")
+        try:
+            with safe_open(str(copy / WEIGHTS_FILE), framework="pt") as weights:
+                shapes = {key: tuple(weights.get_slice(key).get_shape()) for key in weights.keys()}  # noqa: SIM118 - safe_open is not a mapping
+        except Exception:  # noqa: BLE001 - any unreadable file is one answer
+            raise AdapterRefused("path", f"{WEIGHTS_FILE} is not a safetensors file") from None
+        if not shapes:
+            raise AdapterRefused("path", f"{WEIGHTS_FILE} holds no weights")
+        highest = max([rank, *(self._checked(key, shape) for key, shape in shapes.items())])
+        if highest > self.max_rank:
+            raise AdapterRefused(
+                "path",
+                f"rank {highest} is above this server's maximum, {self.max_rank}"
+                " (MMGATE_ENGINE__MAX_LORA_RANK)",
+            )
+        return highest
+
+    def _checked(self, key: str, shape: tuple[int, ...]) -> int:
+        """One weight's rank, once its module, layer and shape fit the model."""
+        if self.language_only and any(part in key for part in _OUTSIDE_LANGUAGE):
+            raise AdapterRefused(
+                "path",
+                f"{key.removeprefix('base_model.model.')} is outside the language model; in"
+                " embeddings mode mmgate runs the vision tower and projector itself",
+            )
+        found = _KEY.fullmatch(key)
+        if found is None or found["prefix"] not in _LANGUAGE or found["module"] not in self.shapes:
+            return 0  # not one mmgate knows the shape of: vLLM's own check decides
+        layer, module = int(found["layer"]), found["module"]
+        if layer >= self.layers:
+            raise AdapterRefused(
+                "path", f"{module} of layer {layer}: the model has {self.layers} layers"
+            )
+        fan_in, fan_out = self.shapes[module]
+        rank = shape[0] if found["half"] == "A" else shape[-1]
+        expected = (rank, fan_in) if found["half"] == "A" else (fan_out, rank)
+        if len(shape) != 2 or shape != expected:
+            raise AdapterRefused(
+                "path",
+                f"{module} of layer {layer}: lora_{found['half']} is"
+                f" {'x'.join(map(str, shape))}, the model needs {expected[0]}x{expected[1]}",
+            )
+        return rank
+
+    async def _null(self) -> Served:
+        folder = self.folder / "1"
+        await asyncio.to_thread(
+            _write_null, folder, self.layer_prefix, self.layers, self.shapes["q_proj"]
+        )
+        served = Served(AdapterRef("", "null", 1), 1, folder)
+        await self.engine.add_lora(served.request())
+        await self.engine.pin_lora(served.lora_id)
+        return served
+
+    # ── unloads ──────────────────────────────────────────────────────────────────────────────
+
+    def unload(self, name: str) -> int:
+        """Stop serving ``name``: the runs still going on it, which finish on it."""
+        served = self.served.pop(name, None)
+        if served is None:
+            raise AdapterNotFound(name)
+        self._retire(served)
+        log.info("adapter %s unloaded; %d requests finish on it", name, served.running)
+        return served.running
+
+    def _retire(self, served: Served) -> None:
+        served.retired = True
+        if served.running:
+            self._draining.add(served)
+        else:
+            self._drop(served)
+
+    def _drop(self, served: Served) -> None:
+        self._draining.discard(served)
+        task = asyncio.get_running_loop().create_task(self._remove(served))
+        self._drops.add(task)
+        task.add_done_callback(self._drops.discard)
+
+    async def _remove(self, served: Served) -> None:
+        try:
+            await self.engine.remove_lora(served.lora_id)
+        except Exception:  # noqa: BLE001 - a dead engine holds nothing any more
+            log.warning("could not remove adapter %s from the engine", served.ref.name)
+        await asyncio.to_thread(shutil.rmtree, served.path, True)
+
+    async def close(self) -> None:
+        """Wait for removals under way (shutdown)."""
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*self._drops, return_exceptions=True)
+
+    # ── runs ─────────────────────────────────────────────────────────────────────────────────
+
+    def resolve(self, name: str) -> AdapterRef:
+        """The adapter served as ``name`` now (AdapterNotFound: none)."""
+        served = self.served.get(name)
+        if served is None:
+            raise AdapterNotFound(name)
+        return served.ref
+
+    def acquire(self, ref: AdapterRef | None) -> Served | None:
+        """The load a run goes through, held until ``release`` (None: the base model, and no
+        null adapter). A load unloaded since the request resolved it still serves it while it
+        drains; one already dropped is AdapterNotFound."""
+        if ref is None:
+            self.requests[BASE_LABEL] += 1
+            return self.null
+        served = self.served.get(ref.name)
+        if served is None or served.ref.digest != ref.digest:
+            served = next((d for d in self._draining if d.ref == ref), None)
+            if served is None:
+                raise AdapterNotFound(ref.name)
+        served.running += 1
+        self.requests[self._label(ref.name)] += 1
+        return served
+
+    def release(self, served: Served | None, tokens: int) -> None:
+        if served is None or served is self.null:
+            self.generated_tokens[BASE_LABEL] += tokens
+            return
+        self.generated_tokens[self._label(served.ref.name)] += tokens
+        served.running -= 1
+        if served.retired and served.running == 0:
+            self._drop(served)
+
+    def _label(self, name: str) -> str:
+        if name in self.requests or len(self.requests) < MAX_LABELS:
+            return name
+        return "other"
+
+    def stats(self) -> AdapterStats:
+        return AdapterStats(
+            requests=dict(self.requests),
+            generated_tokens=dict(self.generated_tokens),
+            served=len(self.served),
+            loads=dict(self.loads),
+        )
+
+
+def _copy(source: Path, copy: Path) -> str:
+    """Copy an adapter's two files into ``copy``, hashing them: the adapter's digest."""
+    digest = hashlib.sha256()
+    copy.mkdir(parents=True)
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        try:
+            with (source / name).open("rb") as reading, (copy / name).open("wb") as writing:
+                digest.update(f"{name}\0".encode())
+                while chunk := reading.read(_CHUNK):
+                    digest.update(chunk)
+                    writing.write(chunk)
+        except (FileNotFoundError, NotADirectoryError):
+            raise AdapterRefused("path", f"the folder holds no {name}") from None
+        except IsADirectoryError:
+            raise AdapterRefused("path", f"{name} is not a file") from None
+        except OSError as exc:
+            raise AdapterRefused("path", f"{name} cannot be read ({exc.strerror})") from None
+    try:
+        json.loads((copy / CONFIG_FILE).read_text())
+    except (UnicodeDecodeError, ValueError):
+        raise AdapterRefused("path", f"{CONFIG_FILE} is not JSON") from None
+    return "sha256:" + digest.hexdigest()
+
+
+def _write_null(folder: Path, prefix: str, layers: int, q_proj: tuple[int, int]) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    fan_in, fan_out = q_proj
+    tensors = {}
+    for layer in range(layers):
+        module = f"base_model.model.{prefix}.{layer}.self_attn.q_proj"
+        tensors[f"{module}.lora_A.weight"] = torch.zeros(1, fan_in)
+        tensors[f"{module}.lora_B.weight"] = torch.zeros(fan_out, 1)
+    save_file(tensors, folder / WEIGHTS_FILE)
+    config = {"peft_type": "LORA", "r": 1, "lora_alpha": 1, "target_modules": ["q_proj"]}
+    (folder / CONFIG_FILE).write_text(json.dumps(config))
+
+
+def _engine_words(exc: BaseException) -> str:
+    """vLLM's reason without its wrapping ("Call to add_lora method failed: Worker failed with
+    error '...', please check the stack trace above") or the copy's path."""
+    text = str(exc)
+    inner = re.search(r"error '(.*)'", text, re.S)
+    text = inner.group(1) if inner else text
+    text = re.sub(r"(/[^\s,'\]]+)+", "<adapter>", text)
+    return text.splitlines()[0][:300] if text else "no reason given"
+
+
+__all__ = [
+    "BASE_LABEL",
+    "AdapterSet",
+    "LoraEngine",
+    "Served",
+    "planned_rank",
+    "planned_slots",
+]
