@@ -28,6 +28,7 @@ import logging
 import re
 import shutil
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol, final
@@ -116,7 +117,7 @@ class AdapterSet:
     def __init__(
         self,
         settings: EngineSettings,
-        engine: LoraEngine,
+        engine: Callable[[], LoraEngine],
         folder: Path,
         *,
         text_config: dict[str, Any],
@@ -125,6 +126,8 @@ class AdapterSet:
         multimodal: bool,
     ) -> None:
         self.settings = settings
+        # the running engine, asked for at each use: a reference kept here would keep a stopped
+        # engine alive until the interpreter's exit, where its finaliser fails
         self.engine = engine
         self.folder = folder  # the copies, one sub-folder per load
         self.shapes = adapter_shapes(text_config)
@@ -197,7 +200,7 @@ class AdapterSet:
 
     async def _add(self, served: Served) -> None:
         try:
-            await self.engine.add_lora(served.request())
+            await self.engine().add_lora(served.request())
         except Exception as exc:  # noqa: BLE001 - the engine's refusal, in its own words, logged
             log.warning("the engine refused adapter %s: %s", served.ref.name, exc)
             words = _engine_words(exc)
@@ -264,8 +267,8 @@ class AdapterSet:
             _write_null, folder, self.layer_prefix, self.layers, self.shapes["q_proj"]
         )
         served = Served(AdapterRef("", "null", 1), 1, folder)
-        await self.engine.add_lora(served.request())
-        await self.engine.pin_lora(served.lora_id)
+        await self.engine().add_lora(served.request())
+        await self.engine().pin_lora(served.lora_id)
         return served
 
     # ── unloads ──────────────────────────────────────────────────────────────────────────────
@@ -294,7 +297,7 @@ class AdapterSet:
 
     async def _remove(self, served: Served) -> None:
         try:
-            await self.engine.remove_lora(served.lora_id)
+            await self.engine().remove_lora(served.lora_id)
         except Exception:  # noqa: BLE001 - a dead engine holds nothing any more
             log.warning("could not remove adapter %s from the engine", served.ref.name)
         await asyncio.to_thread(shutil.rmtree, served.path, True)

@@ -189,7 +189,7 @@ class EngineWorker:
         config = engine.model_config
         self.adapters = AdapterSet(
             self.settings,
-            engine,
+            self._require,
             Path(tempfile.mkdtemp(prefix="mmgate-adapters-")),
             text_config=config.hf_text_config.to_dict(),
             max_rank=planned_rank(self.settings),

@@ -113,6 +113,16 @@ CASES: dict[str, tuple[Callable[[], pb.GenerateRequest], str, str | None]] = {
         "NOT_FOUND",
         None,
     ),
+    "unknown adapter": (
+        lambda: build_request("Hi", adapter="someone-elses", max_tokens=1),
+        "NOT_FOUND",
+        None,
+    ),
+    "adapter name of 100,000 characters": (
+        lambda: build_request("Hi", adapter="\n" + "x" * 100_000, max_tokens=1),
+        "NOT_FOUND",
+        None,
+    ),
     "malformed digest": (
         lambda: ask(pb.Image(digest="sha256:" + "ab" * 32 + "\n")),
         "INVALID_ARGUMENT",
@@ -297,12 +307,14 @@ def generated(
     images: list[bytes],
     request_id: str,
     policy: int,
+    adapter: str,
 ) -> pb.GenerateRequest:
     request = pb.GenerateRequest(
         sampling=pb.SamplingParams(**values),  # type: ignore[arg-type]
         images=[pb.Image(data=image) for image in images],
         request_id=request_id,
         cache_policy=policy,  # type: ignore[arg-type]
+        adapter=adapter,
     )
     if isinstance(prompt, str):
         request.prompt = prompt
@@ -318,6 +330,7 @@ requests = st.builds(
     st.lists(st.binary(max_size=300), max_size=3),
     st.text(max_size=40),
     st.integers(0, 5),
+    st.one_of(st.just(""), st.text(max_size=70)),
 )
 
 

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from services.api.server import MmgateServer
 from services.client import MmgateClient
 from services.config import Settings
-from services.models import build_tiny_model, engine_settings
+from services.models import build_test_adapter, build_tiny_model, engine_settings
 from services.observability.tracing import Tracing
 from tests.support import RunningServer, start_server
 
@@ -64,13 +64,31 @@ async def receiver() -> AsyncIterator[OtlpReceiver]:
         await running.stop()
 
 
+@pytest.fixture(scope="session")
+def llava_adapters(tiny_llava: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The in-process server's adapter root: ``language`` (its language model's layers, served
+    from the start as "lm") and ``vision`` (a vision-tower layer too: embeddings mode refuses
+    it)."""
+    root = tmp_path_factory.mktemp("llava-adapters")
+    build_test_adapter(tiny_llava, root / "language", seed=1)
+    build_test_adapter(tiny_llava, root / "vision", seed=2, vision=True)
+    return root
+
+
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def llava_in_process(tiny_llava: Path, receiver: OtlpReceiver) -> AsyncIterator[InProcess]:
+async def llava_in_process(
+    tiny_llava: Path, llava_adapters: Path, receiver: OtlpReceiver
+) -> AsyncIterator[InProcess]:
     """The tiny LLaVA in embeddings mode in this process, tracing into memory and to
-    ``receiver``; its tests run in the session's event loop."""
+    ``receiver``, with a LoRA adapter "lm" and an adapter root; its tests run in the session's
+    event loop."""
     settings = Settings(
         port=0,
-        engine=engine_settings(tiny_llava),
+        engine={
+            **engine_settings(tiny_llava),
+            "adapters": {"lm": llava_adapters / "language"},
+            "adapter_root": llava_adapters,
+        },
         metrics={"port": 0},
         tracing={
             "endpoint": f"127.0.0.1:{receiver.port}",

@@ -13,6 +13,7 @@ import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -22,8 +23,8 @@ from services.client import Credentials, MmgateClient
 from services.config import default_model_cache
 from services.models import build_test_adapter, build_tiny_model, prepare_default_model
 from services.proto.mmgate.v1 import inference_pb2 as pb
-from tests.services.prom import scrape
 from tests.services.auth.support import refused, write_tokens
+from tests.services.prom import scrape
 from tests.services.statuses import error_details, violated_fields
 from tests.support import RunningServer, start_server
 
@@ -34,7 +35,7 @@ GRANTS: dict[str, object] = {
     TOKENS["ops"]: {"tenant": "ops", "role": "admin"},
 }
 QUESTION = "What is the capital of France?"
-GREEDY = {"max_tokens": 16, "temperature": 0.0, "cache_policy": "bypass"}
+GREEDY: dict[str, Any] = {"max_tokens": 16, "temperature": 0.0, "cache_policy": "bypass"}
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,7 @@ def caller(server: RunningServer, name: str) -> MmgateClient:
     return server.client(credentials=Credentials(token=TOKENS[name]), timeout=120.0)
 
 
-async def answer(client: MmgateClient, adapter: str = "", **options: object) -> pb.CompleteResponse:
+async def answer(client: MmgateClient, adapter: str = "", **options: Any) -> pb.CompleteResponse:
     return await client.complete(QUESTION, adapter=adapter, **{**GREEDY, **options})
 
 
@@ -195,7 +196,8 @@ async def test_a_reload_under_the_same_name_answers_anew(
         gone = await refused(answer(ops, "swap"))
     assert (first.replaced, second.replaced) == (False, True)
     assert first.adapter.digest != second.adapter.digest
-    assert old.text == a1.text and again.final.cache.response_from_cache
+    assert old.text == a1.text
+    assert again.final.cache.response_from_cache
     # the same name, the same prompt and policy: a key by name alone would replay the old answer
     assert not new.final.cache.response_from_cache
     assert new.text == a3.text != old.text
@@ -227,7 +229,12 @@ async def test_the_prefix_cache_keeps_adapters_and_tenants_apart(
 ) -> None:
     # more than one KV block (128 tokens on the CPU) of one prompt
     prompt = "Here is a list of European capitals and their countries. " * 16
-    once = {"max_tokens": 1, "temperature": 0.0, "cache_policy": "bypass", "raw": True}
+    once: dict[str, Any] = {
+        "max_tokens": 1,
+        "temperature": 0.0,
+        "cache_policy": "bypass",
+        "raw": True,
+    }
 
     async def cached(client: MmgateClient, adapter: str) -> int:
         response = await client.complete(prompt, adapter=adapter, **once)
