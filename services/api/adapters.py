@@ -9,12 +9,8 @@ LoadAdapter(name, path): an admin's; the path resolved (links followed) under th
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
-from ..config import ADAPTER_NAME
 from ..engine.worker import EngineWorker
-from ..errors import AdapterNotFound, AdapterRefused, NotPermitted
+from ..errors import AdapterNotFound, NotPermitted
 from ..proto.mmgate.v1 import inference_pb2 as pb
 from ..types import AdapterRef
 from ..wire import ADMIN_ONLY
@@ -46,40 +42,9 @@ def admin_only(caller: Caller, call: str) -> None:
         raise NotPermitted(f"{call} is an admin's", ADMIN_ONLY)
 
 
-def checked_name(name: str) -> str:
-    if re.fullmatch(ADAPTER_NAME, name) is None:
-        raise AdapterRefused("name", "1 to 64 letters, digits, '.', '-' or '_'")
-    return name
-
-
-def folder_under(root: Path | None, path: str) -> Path:
-    """``path`` (absolute, or relative to ``root``) as a folder inside ``root``, links followed:
-    a link or ``..`` pointing out of the root is refused like any other path outside it."""
-    if root is None:
-        raise AdapterRefused(
-            "path", "this server loads no adapters at run time (no adapter root is set)"
-        )
-    if not path or "\0" in path:
-        raise AdapterRefused("path", "a folder under the server's adapter root is required")
-    base = root.resolve()
-    try:
-        folder = (base / path).resolve()
-        inside = folder.is_relative_to(base)
-        found = inside and folder.is_dir()
-    except (OSError, RuntimeError):  # a name too long, a loop of links
-        raise AdapterRefused("path", "not a folder that can be read") from None
-    if not inside:
-        raise AdapterRefused("path", "not under the server's adapter root")
-    if not found:
-        raise AdapterRefused("path", "no such folder under the server's adapter root")
-    return folder
-
-
 __all__ = [
     "adapter_for",
     "adapter_message",
     "admin_only",
-    "checked_name",
-    "folder_under",
     "usable",
 ]

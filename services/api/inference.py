@@ -42,8 +42,6 @@ from .adapters import (
     adapter_for,
     adapter_message,
     admin_only,
-    checked_name,
-    folder_under,
     usable,
 )
 from .admission import Admission
@@ -162,13 +160,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     ) -> pb.LoadAdapterResponse:
         try:
             admin_only(current_caller(), "LoadAdapter")
-            name = checked_name(request.name)
-            folder = folder_under(self.settings.engine.adapter_root, request.path)
             deadline = call_deadline(context, self.settings.default_deadline_seconds)
             # a load cut short changes nothing mmgate serves (the engine may keep a copy it
             # never uses, until it evicts it)
             async with asyncio.timeout_at(loop_deadline(deadline)):
-                ref, replaced = await self.engine.load_adapter(name, folder)
+                ref, replaced = await self.engine.load_adapter(request.name, request.path)
         except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
             await abort(context, from_exception(exc))
         return pb.LoadAdapterResponse(adapter=adapter_message(ref), replaced=replaced)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol, final
 
-from ..config import LORA_RANKS, EngineSettings
+from ..config import ADAPTER_NAME, LORA_RANKS, EngineSettings
 from ..errors import AdapterNotFound, AdapterRefused
 from ..models.adapters import adapter_shapes
 from ..types import AdapterRef, AdapterStats
@@ -158,6 +158,16 @@ class AdapterSet:
                 await self.load(name, folder)
             except AdapterRefused as exc:
                 raise ValueError(f"adapter {name} ({folder}): {exc.description}") from None
+
+    async def load_from_root(self, name: str, path: str) -> tuple[AdapterRef, bool]:
+        """An admin's load (LoadAdapter): ``path`` must lead to a folder under the adapter root."""
+        try:
+            folder = folder_under(self.settings.adapter_root, path)
+            checked_name(name)
+        except AdapterRefused:
+            self.loads["refused"] += 1
+            raise
+        return await self.load(name, folder)
 
     async def load(self, name: str, folder: Path) -> tuple[AdapterRef, bool]:
         """Serve ``folder`` as ``name`` (replacing a load of that name): its reference, and
@@ -355,6 +365,36 @@ class AdapterSet:
         )
 
 
+def checked_name(name: str) -> str:
+    """An adapter's name as a load gives it: what a metric label and a log line can hold."""
+    if re.fullmatch(ADAPTER_NAME, name) is None:
+        raise AdapterRefused("name", "1 to 64 letters, digits, '.', '-' or '_'")
+    return name
+
+
+def folder_under(root: Path | None, path: str) -> Path:
+    """``path`` (absolute, or relative to ``root``) as a folder inside ``root``, links followed:
+    a link or ``..`` pointing out of the root is refused like any other path outside it."""
+    if root is None:
+        raise AdapterRefused(
+            "path", "this server loads no adapters at run time (no adapter root is set)"
+        )
+    if not path or "\0" in path:
+        raise AdapterRefused("path", "a folder under the server's adapter root is required")
+    base = root.resolve()
+    try:
+        folder = (base / path).resolve()
+        inside = folder.is_relative_to(base)
+        found = inside and folder.is_dir()
+    except (OSError, RuntimeError):  # a name too long, a loop of links
+        raise AdapterRefused("path", "not a folder that can be read") from None
+    if not inside:
+        raise AdapterRefused("path", "not under the server's adapter root")
+    if not found:
+        raise AdapterRefused("path", "no such folder under the server's adapter root")
+    return folder
+
+
 def _copy(source: Path, copy: Path) -> str:
     """Copy an adapter's two files into ``copy``, hashing them: the adapter's digest."""
     digest = hashlib.sha256()
@@ -410,6 +450,8 @@ __all__ = [
     "AdapterSet",
     "LoraEngine",
     "Served",
+    "checked_name",
+    "folder_under",
     "planned_rank",
     "planned_slots",
 ]

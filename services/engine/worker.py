@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, final
 
 from ..config import EngineSettings, default_model_cache
-from ..errors import AdapterNotFound, EngineUnavailable
+from ..errors import AdapterNotFound, AdapterRefused, EngineUnavailable
 from ..observability.spans import EngineTrace
 from ..types import (
     AdapterRef,
@@ -214,12 +214,15 @@ class EngineWorker:
     def adapter_stats(self) -> AdapterStats:
         return AdapterStats() if self.adapters is None else self.adapters.stats()
 
-    async def load_adapter(self, name: str, folder: Path) -> tuple[AdapterRef, bool]:
-        """Serve ``folder`` as ``name``; refused (AdapterRefused): nothing changed."""
+    async def load_adapter(self, name: str, path: str) -> tuple[AdapterRef, bool]:
+        """Serve the folder at ``path`` under the adapter root as ``name``; refused
+        (AdapterRefused): nothing changed."""
         self._require()
         if self.adapters is None:
-            raise EngineUnavailable("this engine serves no adapters")
-        return await self.adapters.load(name, folder)
+            raise AdapterRefused(
+                "path", "this server loads no adapters at run time (no adapter root is set)"
+            )
+        return await self.adapters.load_from_root(name, path)
 
     def unload_adapter(self, name: str) -> int:
         """Stop serving ``name``; the runs still going on it finish on it."""

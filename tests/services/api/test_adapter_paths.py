@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from services.api.adapters import checked_name, folder_under
 from services.api.auth import Caller
 from services.config import EngineSettings, Grant
+from services.engine.adapters import checked_name, folder_under
 from services.errors import AdapterRefused
 
 
