@@ -195,6 +195,7 @@ class AdapterSet:
         try:
             digest = await asyncio.to_thread(_copy, folder, copy)
             if current is not None and current.ref.digest == digest:
+                await asyncio.to_thread(shutil.rmtree, copy, True)
                 return current.ref, False  # the same bytes: nothing to change
             rank = await asyncio.to_thread(self._check, copy)
             served = Served(AdapterRef(name, digest, rank), lora_id, copy)

@@ -25,11 +25,32 @@ from tests.support import RunningServer, start_server
 
 from .in_process import TRACED_SERVICE, InProcess, SpanWatch, start_watched
 from .otlp_receiver import OtlpReceiver
+from .smollm2 import build_adapter_root, start_smollm2
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(build_tiny_model(tmp_path_factory.mktemp("models") / "tiny"))
+
+
+@pytest.fixture(scope="session")
+def adapter_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_adapter_root(
+        tmp_path_factory.mktemp("adapters"), tmp_path_factory.mktemp("adapter-scratch")
+    )
+
+
+@pytest.fixture(scope="session")
+def smollm2_server(
+    adapter_root: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningServer]:
+    """The embedded default model with LoRA adapters, under token auth (tests/services/
+    smollm2.py): the default model's tests and the adapter tests."""
+    running = start_smollm2(
+        adapter_root, tmp_path_factory.mktemp("smollm2-secrets"), tmp_path_factory.mktemp("smollm2")
+    )
+    yield running
+    assert running.stop() == 0, running.log()
 
 
 @pytest.fixture(scope="session")

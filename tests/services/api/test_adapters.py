@@ -1,17 +1,12 @@
-"""LoRA adapters per tenant, on the real engine: SmolLM2 with two test adapters configured at start,
-run-time loads from an adapter root, token auth with three callers.
-
-alpha may use a1 and a2; beta may use a2 only, its default; ops is an admin (every adapter, and
-LoadAdapter / UnloadAdapter). Greedy answers (temperature 0) make each adapter's answer a fixed
-string to compare.
+"""LoRA adapters per tenant, on the real engine: the session's SmolLM2 server (tests/services/
+smollm2.py) with two test adapters configured at start, run-time loads from an adapter root, token
+auth with three callers: alpha may use a1 and a2; beta may use a2 only, its default; ops is an
+admin. Greedy answers (temperature 0) make each adapter's answer a fixed string to compare.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,59 +15,25 @@ import pytest
 from google.rpc import error_details_pb2
 
 from services.client import Credentials, MmgateClient
-from services.config import default_model_cache
-from services.models import build_test_adapter, build_tiny_model, prepare_default_model
 from services.proto.mmgate.v1 import inference_pb2 as pb
-from tests.services.auth.support import refused, write_tokens
+from tests.services.auth.support import refused
 from tests.services.prom import scrape
+from tests.services.smollm2 import TOKENS
 from tests.services.statuses import error_details, violated_fields
-from tests.support import RunningServer, start_server
+from tests.support import RunningServer
 
-TOKENS = {"alpha": "alpha-adapters-51c2", "beta": "beta-adapters-90e4", "ops": "ops-adapters-3d7a"}
-GRANTS: dict[str, object] = {
-    TOKENS["alpha"]: {"tenant": "alpha", "adapters": ["a1", "a2"]},
-    TOKENS["beta"]: {"tenant": "beta", "adapters": ["a2"], "default_adapter": "a2"},
-    TOKENS["ops"]: {"tenant": "ops", "role": "admin"},
-}
 QUESTION = "What is the capital of France?"
 GREEDY: dict[str, Any] = {"max_tokens": 16, "temperature": 0.0, "cache_policy": "bypass"}
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The adapter root: SmolLM2's test adapters, and folders an admin must not get served."""
-    model = prepare_default_model(default_model_cache())
-    root = tmp_path_factory.mktemp("adapters")
-    for seed in (1, 2, 3):
-        build_test_adapter(model, root / f"a{seed}", seed=seed)
-    build_test_adapter(model, root / "rank-32", seed=4, rank=32)
-    # the tiny Llama's adapter: its shapes are not SmolLM2's
-    tiny = build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny")
-    build_test_adapter(tiny, root / "other-model", seed=1)
-    (root / "empty").mkdir()
-    broken = root / "broken-config"
-    shutil.copytree(root / "a1", broken)
-    (broken / "adapter_config.json").write_text("{not json")
-    return root
+@pytest.fixture
+def adapters_server(smollm2_server: RunningServer) -> RunningServer:
+    return smollm2_server
 
 
-@pytest.fixture(scope="module")
-def adapters_server(
-    root: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[RunningServer]:
-    tokens = tmp_path_factory.mktemp("adapter-secrets") / "tokens.json"
-    write_tokens(tokens, GRANTS)
-    server = start_server(
-        tmp_path_factory.mktemp("adapters-server"),
-        None,  # the embedded SmolLM2
-        MMGATE_AUTH__MODE="token",
-        MMGATE_AUTH__TOKENS_FILE=str(tokens),
-        MMGATE_ENGINE__ADAPTERS=json.dumps({"a1": str(root / "a1"), "a2": str(root / "a2")}),
-        MMGATE_ENGINE__ADAPTER_ROOT=str(root),
-        MMGATE_ENGINE__MAX_LORAS="2",
-    )
-    yield server
-    assert server.stop() == 0, server.log()
+@pytest.fixture
+def root(adapter_root: Path) -> Path:
+    return adapter_root
 
 
 def caller(server: RunningServer, name: str) -> MmgateClient:
@@ -184,6 +145,7 @@ async def test_a_reload_under_the_same_name_answers_anew(
     cached = {"cache_policy": "response"}
     async with caller(adapters_server, "ops") as ops:
         first = await ops.load_adapter("swap", "a1")
+        same = await ops.load_adapter("swap", str(root / "a1"))  # the same bytes: no change
         a1 = await answer(ops, "a1")
         old = await answer(ops, "swap", **cached)
         again = await answer(ops, "swap", **cached)
@@ -194,7 +156,8 @@ async def test_a_reload_under_the_same_name_answers_anew(
         assert await ops.unload_adapter("swap") == 0
         assert await ops.unload_adapter("a3") == 0
         gone = await refused(answer(ops, "swap"))
-    assert (first.replaced, second.replaced) == (False, True)
+    assert (first.replaced, same.replaced, second.replaced) == (False, False, True)
+    assert same.adapter == first.adapter
     assert first.adapter.digest != second.adapter.digest
     assert old.text == a1.text
     assert again.final.cache.response_from_cache

@@ -7,15 +7,14 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import jsonschema
 import pytest
 
-from services.client import MmgateClient
 from services.proto.mmgate.v1 import inference_pb2 as pb
-from tests.support import ROOT, RunningServer, start_server
+from tests.services.smollm2 import TOKENS
+from tests.support import ROOT, RunningServer
 
 
 def mmgate(*args: str, timeout: float = 300) -> str:
@@ -25,22 +24,26 @@ def mmgate(*args: str, timeout: float = 300) -> str:
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        # the session's SmolLM2 server takes its admin's token
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "MMGATE_TOKEN": TOKENS["ops"]},
         check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 
 
-@pytest.fixture(scope="module")
-def default_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+@pytest.fixture
+def default_server(smollm2_server: RunningServer) -> RunningServer:
+    """The session's SmolLM2 server (tests/services/smollm2.py), asked as its admin: the base
+    model, since an admin has no default adapter."""
+    return smollm2_server
+
+
+def test_prepare_converts_once_into_the_model_cache() -> None:
     # `mmgate models prepare` converts once into the model cache (MMGATE_MODEL_CACHE, or the
     # user's cache folder) and is instant afterwards
     prepared = Path(mmgate("models", "prepare").strip())
     assert (prepared / "config.json").is_file()
-    server = start_server(tmp_path_factory.mktemp("default-model"), None)
-    yield server
-    assert server.stop() == 0, server.log()
 
 
 def test_cli_answers_the_capital_of_france(default_server: RunningServer) -> None:
@@ -49,7 +52,7 @@ def test_cli_answers_the_capital_of_france(default_server: RunningServer) -> Non
 
 
 async def test_streamed_chat_answer(default_server: RunningServer) -> None:
-    async with MmgateClient(default_server.target) as client:
+    async with default_server.client() as client:
         text = "".join(
             [
                 piece
@@ -64,7 +67,7 @@ async def test_streamed_chat_answer(default_server: RunningServer) -> None:
 
 
 async def test_model_info_of_the_embedded_model(default_server: RunningServer) -> None:
-    async with MmgateClient(default_server.target) as client:
+    async with default_server.client() as client:
         info = await client.model_info()
     assert info.model == "SmolLM2-135M-Instruct"
     assert info.vocab_size == 49152
@@ -86,7 +89,7 @@ async def test_sampled_answers_of_the_real_model_are_instances_of_a_schema(
         },
         "required": ["city", "country", "population_millions"],
     }
-    async with MmgateClient(default_server.target, timeout=120.0) as client:
+    async with default_server.client(timeout=120.0) as client:
         answers = await asyncio.gather(
             *(
                 client.complete(
@@ -127,7 +130,7 @@ def test_cli_constrains_the_answer(default_server: RunningServer, tmp_path: Path
 
 
 async def test_any_json_object_from_the_real_model(default_server: RunningServer) -> None:
-    async with MmgateClient(default_server.target, timeout=120.0) as client:
+    async with default_server.client(timeout=120.0) as client:
         answer = await client.complete(
             "Describe Paris as a JSON object with a name and a country.",
             temperature=0.0,

@@ -16,6 +16,7 @@ from services.proto.mmgate.v1 import inference_pb2 as pb
 from tests.services.statuses import error_details
 
 from ..imagegen import png
+from ..in_process import InProcess
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -37,7 +38,9 @@ def ask(image: bytes, adapter: str = "") -> pb.GenerateRequest:
     )
 
 
-async def test_an_image_request_through_an_adapter(client: MmgateClient) -> None:
+async def test_an_image_request_through_an_adapter(
+    client: MmgateClient, llava_in_process: InProcess
+) -> None:
     image = png(4301)
     base = await client.complete_request(ask(image))
     adapted = await client.complete_request(ask(image, "lm"))
@@ -51,6 +54,11 @@ async def test_an_image_request_through_an_adapter(client: MmgateClient) -> None
         "hit",
         "hit",
     ]
+    # the engine spans say which adapter answered
+    engine = await llava_in_process.watch.until(
+        lambda spans: [s for s in spans if (s.attributes or {}).get("mmgate.adapter") == "lm"]
+    )
+    assert engine[0].name.startswith("text_completion")
 
 
 async def test_an_adapter_of_the_vision_tower_is_refused_in_embeddings_mode(
