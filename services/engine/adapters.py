@@ -12,10 +12,14 @@ cache keys blocks by the adapter's name and path. A private copy per load, and a
 digest in it, bind what the engine serves to the digest in mmgate's cache keys whatever then
 happens to the folder.
 
-Why a null adapter on the CPU: vLLM's CPU LoRA kernels (lora/ops/torch_ops) pick each row's
-weights by slot index, and a base-model row's index -1 picks the last slot: in a batch with
-adapters, a base-model request was answered through one of them. There, base-model requests go
-through an all-zero adapter of their own slot instead (B A x = 0: the base model's answer).
+Why a null adapter in the last slot, on the CPU: vLLM's CPU LoRA kernels (lora/ops/torch_ops)
+pick each row's weights by slot index, and a base-model row's index, -1, picks the last slot: in a
+batch with adapters, a base-model request was answered through whichever adapter sat there. An
+all-zero adapter is pinned in the last slot (B A x = 0: the base model's answer), placed there by
+filling the slots before it with placeholders, loaded and removed at start (vLLM gives a new
+adapter the first free slot, and a pinned one is never evicted). Base-model requests then name no
+adapter, so a batch of them alone skips the LoRA kernels; sending them through the null adapter
+instead was as exact but cost 2.3x their speed (docs/benchmarks.md, "Adapters").
 """
 
 from __future__ import annotations
@@ -149,10 +153,11 @@ class AdapterSet:
 
     # ── loads ────────────────────────────────────────────────────────────────────────────────
 
-    async def start(self, *, null_adapter: bool) -> None:
-        """The configured adapters (a bad one stops the start), and the CPU's null adapter."""
-        if null_adapter:
-            self.null = await self._null()
+    async def start(self, *, null_slot: int | None) -> None:
+        """The CPU's null adapter in slot ``null_slot`` (the last; None: none), then the
+        configured adapters (a bad one stops the start)."""
+        if null_slot is not None:
+            self.null = await self._null(null_slot)
         for name, folder in self.settings.adapters.items():
             try:
                 await self.load(name, folder)
@@ -189,8 +194,7 @@ class AdapterSet:
                 f"this server serves {self.settings.max_adapters} adapters already"
                 " (MMGATE_ENGINE__MAX_ADAPTERS): unload one first",
             )
-        self._ids += 1
-        lora_id = self._ids + 1  # 1 is the null adapter's
+        lora_id = self._next_id()
         copy = self.folder / str(lora_id)
         try:
             digest = await asyncio.to_thread(_copy, folder, copy)
@@ -272,14 +276,28 @@ class AdapterSet:
             )
         return rank
 
-    async def _null(self) -> Served:
-        folder = self.folder / "1"
+    def _next_id(self) -> int:
+        self._ids += 1
+        return self._ids
+
+    async def _null(self, slot: int) -> Served:
+        folder = self.folder / "null"
         await asyncio.to_thread(
             _write_null, folder, self.layer_prefix, self.layers, self.shapes["q_proj"]
         )
-        served = Served(AdapterRef("", "null", 1), 1, folder)
-        await self.engine().add_lora(served.request())
-        await self.engine().pin_lora(served.lora_id)
+        engine = self.engine()
+        # placeholders in the slots before it, so that the null adapter takes this one
+        placeholders = [
+            Served(AdapterRef("", f"placeholder-{i}", 1), self._next_id(), folder)
+            for i in range(slot)
+        ]
+        for placeholder in placeholders:
+            await engine.add_lora(placeholder.request())
+        served = Served(AdapterRef("", "null", 1), self._next_id(), folder)
+        await engine.add_lora(served.request())
+        await engine.pin_lora(served.lora_id)
+        for placeholder in placeholders:
+            await engine.remove_lora(placeholder.lora_id)
         return served
 
     # ── unloads ──────────────────────────────────────────────────────────────────────────────
@@ -328,12 +346,12 @@ class AdapterSet:
         return served.ref
 
     def acquire(self, ref: AdapterRef | None) -> Served | None:
-        """The load a run goes through, held until ``release`` (None: the base model, and no
-        null adapter). A load unloaded since the request resolved it still serves it while it
-        drains; one already dropped is AdapterNotFound."""
+        """The load a run goes through, held until ``release`` (None: the base model). A load
+        unloaded since the request resolved it still serves it while it drains; one already
+        dropped is AdapterNotFound."""
         if ref is None:
             self.requests[BASE_LABEL] += 1
-            return self.null
+            return None
         served = self.served.get(ref.name)
         if served is None or served.ref.digest != ref.digest:
             served = next((d for d in self._draining if d.ref == ref), None)
@@ -344,7 +362,7 @@ class AdapterSet:
         return served
 
     def release(self, served: Served | None, tokens: int) -> None:
-        if served is None or served is self.null:
+        if served is None:
             self.generated_tokens[BASE_LABEL] += tokens
             return
         self.generated_tokens[self._label(served.ref.name)] += tokens

@@ -141,7 +141,7 @@ class EngineWorker:
             # mmgate's encoder-output cache hands vLLM image embeddings instead of pixels
             kwargs["enable_mm_embeds"] = self._image_embeddings
         if s.lora:
-            # one slot more on the CPU: base-model requests' null adapter (adapters.py)
+            # one slot more on the CPU: the null adapter's, the last (adapters.py)
             slots = planned_slots(s) + int(self._on_cpu())
             kwargs.update(
                 enable_lora=True,
@@ -196,7 +196,9 @@ class EngineWorker:
             language_only=self._image_embeddings,
             multimodal=bool(config.is_multimodal_model),
         )
-        await self.adapters.start(null_adapter=self._on_cpu())
+        # the last of the engine's slots (vLLM's max_loras), where a base-model row's -1 points
+        last = int(engine.vllm_config.lora_config.max_loras) - 1
+        await self.adapters.start(null_slot=last if self._on_cpu() else None)
 
     # ── adapters ─────────────────────────────────────────────────────────────────────────────
 
