@@ -15,53 +15,31 @@ adapter (services/engine/adapters.py), so "base, LoRA on" pays the LoRA kernels 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import os
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from services.api.server import resolve_model
-from services.client import build_request
 from services.config import Settings
 from services.models import build_test_adapter
-from services.proto.mmgate.v1.inference_pb2 import GenerateRequest
 
 from .service import (
     DISTURBED,
-    ENV,
-    MAX_TOKENS,
     ROOT,
     Mmgate,
     closed_loop,
     level_indices,
-    prompt_text,
     requests_for,
+    rounds_main,
 )
 
 WARMUP = 4
 
 
-class Through(Mmgate):
-    """``mmgate serve``, its requests through ``adapter`` ("" : the base model)."""
-
-    adapter = ""
-
-    def request(self, i: int) -> GenerateRequest:
-        return build_request(
-            prompt_text(i, self.tag),
-            max_tokens=MAX_TOKENS,
-            temperature=0.0,
-            ignore_eos=True,
-            cache_policy="bypass",
-            adapter=self.adapter,
-        )
-
-
 async def level(
-    server: Through, side: str, round_: int, concurrency: int, n: int | None
+    server: Mmgate, side: str, round_: int, concurrency: int, n: int | None
 ) -> dict[str, Any]:
     server.tag = f"{side}-r{round_}"  # new prompts: no prefix cached from another side
     indices = level_indices(concurrency, requests_for(concurrency, n, loops=3))
@@ -87,7 +65,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     model = resolve_model(Settings())
     adapter = build_test_adapter(Path(model), ROOT / "build" / "bench" / "adapter-a1", seed=1)
     rows: list[dict[str, Any]] = []
-    served = Through(model, {"MMGATE_ENGINE__ADAPTERS": json.dumps({"a1": str(adapter)})})
+    served = Mmgate(model, {"MMGATE_ENGINE__ADAPTERS": json.dumps({"a1": str(adapter)})})
     await served.start()
     try:
         served.adapter = "a1"
@@ -100,7 +78,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     rows.append(await level(served, side, round_, concurrency, args.requests))
     finally:
         await served.close()
-    plain = Through(model)
+    plain = Mmgate(model)
     await plain.start()
     try:
         await closed_loop(plain.send, WARMUP, range(10**7, 10**7 + WARMUP))
@@ -154,19 +132,7 @@ def report(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--levels", type=int, nargs="+", default=[1, 16])
-    parser.add_argument("--requests", type=int, help="per level (default: 3 loops of it)")
-    parser.add_argument("--json", type=Path, help="write the rows and ratios here")
-    args = parser.parse_args(argv)
-    for name, value in ENV.items():
-        os.environ.setdefault(name, value)
-    found = asyncio.run(main_async(args))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(found, indent=2))
-    return 0
+    return rounds_main(__doc__.splitlines()[0], main_async, argv)
 
 
 if __name__ == "__main__":

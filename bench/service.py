@@ -63,10 +63,10 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from services.api.server import resolve_model
 from services.client import MmgateClient, build_request
@@ -370,6 +370,7 @@ class Mmgate:
         self.port = free_port()
         self.policy = "bypass"
         self.tag = "a"
+        self.adapter = ""  # a LoRA adapter the requests name ("" : the base model)
         self._process: asyncio.subprocess.Process | None = None
         self._client: MmgateClient | None = None
         self._log: IO[bytes] | None = None
@@ -462,6 +463,7 @@ class Mmgate:
             temperature=0.0,
             ignore_eos=True,
             cache_policy=self.policy,
+            adapter=self.adapter,
         )
 
     async def send(self, i: int) -> Sample:
@@ -1014,6 +1016,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="in-process only: enforce_eager=True vs vLLM's compilation (levels 1 16)",
     )
     return parser.parse_args(argv)
+
+
+def rounds_main(
+    description: str,
+    run: Callable[[argparse.Namespace], Coroutine[Any, Any, dict[str, Any]]],
+    argv: Sequence[str] | None = None,
+) -> int:
+    """The command line of a benchmark of alternated rounds at concurrency levels: --rounds,
+    --levels, --requests, --json (the rows and ratios ``run`` returns)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--levels", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--requests", type=int, help="per level (default: 3 loops of it)")
+    parser.add_argument("--json", type=Path, help="write the rows and ratios here")
+    args = parser.parse_args(argv)
+    for name, value in ENV.items():
+        os.environ.setdefault(name, value)
+    found = asyncio.run(run(args))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(found, indent=2))
+    return 0
 
 
 if __name__ == "__main__":

@@ -23,14 +23,10 @@ within a round: final only / every step, and mmgate final only / vLLM's server.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-import os
 import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 from services.api.server import resolve_model
@@ -49,6 +45,7 @@ from .service import (
     process_cpu_seconds,
     prompt_text,
     requests_for,
+    rounds_main,
 )
 
 WARMUP = 4
@@ -227,19 +224,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--levels", type=int, nargs="+", default=[1, 16])
-    parser.add_argument("--requests", type=int, help="per level (default: 3 loops of it)")
-    parser.add_argument("--json", type=Path, help="write the rows and ratios here")
-    args = parser.parse_args(argv)
-    for name, value in ENV.items():
-        os.environ.setdefault(name, value)
-    found = asyncio.run(main_async(args))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(found, indent=2))
-    return 0
+    return rounds_main(__doc__.splitlines()[0], main_async, argv)
 
 
 if __name__ == "__main__":
