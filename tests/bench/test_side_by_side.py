@@ -123,3 +123,23 @@ def test_the_unary_benchmark_takes_its_ratios_within_a_round() -> None:
     assert found["cpu_final_over_every_step"] == 0.75
     assert found["cpu_final_over_vllm"] == 1.5
     assert found["tps_final_over_every_step"] == 1.1
+
+
+def test_the_adapter_benchmark_takes_its_ratios_within_a_round() -> None:
+    from bench.adapters import report
+
+    def row(side: str, round_: int, tps: float) -> dict[str, object]:
+        return {"side": side, "round": round_, "concurrency": 16, "tokens_per_second": tps}
+
+    rows = [
+        row("adapter", 1, 40.0),
+        row("base, LoRA on", 1, 80.0),
+        row("base, LoRA off", 1, 100.0),
+        row("adapter", 2, 30.0),
+        row("base, LoRA on", 2, 60.0),  # no server without adapters in round 2
+    ]
+    first, second = report(rows)["ratios"]
+    assert first["adapter_over_base_lora_on"] == 0.5
+    assert first["adapter_over_base_lora_off"] == 0.4
+    assert first["base_lora_on_over_off"] == 0.8
+    assert second["adapter_over_base_lora_off"] is None
