@@ -26,10 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
 import logging
-import re
 import shutil
 from collections import Counter
 from collections.abc import Callable
@@ -37,26 +34,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol, final
 
-from ..config import ADAPTER_NAME, LORA_RANKS, EngineSettings
+from ..config import LORA_RANKS, EngineSettings
 from ..errors import AdapterNotFound, AdapterRefused
 from ..models.adapters import adapter_shapes
 from ..types import AdapterRef, AdapterStats
+from .adapter_files import (
+    AdapterCheck,
+    checked_name,
+    config_rank,
+    copy_adapter,
+    engine_words,
+    folder_under,
+    write_null,
+)
 
 log = logging.getLogger("mmgate.adapters")
 
-CONFIG_FILE: Final = "adapter_config.json"
-WEIGHTS_FILE: Final = "adapter_model.safetensors"
-# the language model's layers, in the names PEFT gives them (Llama; LLaVA's old and new layouts)
-_LANGUAGE: Final = frozenset({"model", "model.language_model", "language_model.model"})
-_KEY = re.compile(
-    r"base_model\.model\.(?P<prefix>.+?)\.layers\.(?P<layer>\d+)\."
-    r"(?:self_attn|mlp)\.(?P<module>\w+)\.lora_(?P<half>[AB])\.weight"
-)
-_OUTSIDE_LANGUAGE: Final = ("vision_tower", "multi_modal_projector")
 # adapters' names a metric keeps apart; beyond them, "other"
 MAX_LABELS: Final = 64
 BASE_LABEL: Final = "base"
-_CHUNK: Final = 1 << 20
 
 
 class LoraEngine(Protocol):
@@ -95,7 +91,7 @@ def planned_rank(settings: EngineSettings) -> int:
     """max_lora_rank: the setting, else the smallest vLLM rank holding every configured one."""
     if settings.max_lora_rank is not None:
         return settings.max_lora_rank
-    highest = max((_config_rank(folder) for folder in settings.adapters.values()), default=0)
+    highest = max((config_rank(folder) for folder in settings.adapters.values()), default=0)
     return next(r for r in LORA_RANKS if r >= max(highest, 16))
 
 
@@ -104,14 +100,6 @@ def planned_slots(settings: EngineSettings) -> int:
     if settings.max_loras is not None:
         return settings.max_loras
     return min(max(len(settings.adapters), 1), 8)
-
-
-def _config_rank(folder: Path) -> int:
-    try:
-        rank = json.loads((folder / CONFIG_FILE).read_text()).get("r")
-    except (OSError, ValueError, AttributeError):
-        return 0  # the load at start says what is wrong with it
-    return rank if isinstance(rank, int) else 0
 
 
 @final
@@ -136,9 +124,9 @@ class AdapterSet:
         self.folder = folder  # the copies, one sub-folder per load
         self.shapes = adapter_shapes(text_config)
         self.layers = int(text_config["num_hidden_layers"])
-        self.max_rank = max_rank
-        # embeddings mode: mmgate runs the vision tower and projector, so no adapter may touch them
-        self.language_only = language_only
+        # embeddings mode (language_only): mmgate runs the vision tower and projector, so no
+        # adapter may touch them
+        self.check = AdapterCheck(self.shapes, self.layers, max_rank, language_only)
         # where the language model's layers are, in PEFT's names (the null adapter's)
         self.layer_prefix = "model.language_model.layers" if multimodal else "model.layers"
         self.served: dict[str, Served] = {}
@@ -197,11 +185,11 @@ class AdapterSet:
         lora_id = self._next_id()
         copy = self.folder / str(lora_id)
         try:
-            digest = await asyncio.to_thread(_copy, folder, copy)
+            digest = await asyncio.to_thread(copy_adapter, folder, copy)
             if current is not None and current.ref.digest == digest:
                 await asyncio.to_thread(shutil.rmtree, copy, True)
                 return current.ref, False  # the same bytes: nothing to change
-            rank = await asyncio.to_thread(self._check, copy)
+            rank = await asyncio.to_thread(self.check.rank_of, copy)
             served = Served(AdapterRef(name, digest, rank), lora_id, copy)
             await self._add(served)
         except BaseException:
@@ -218,63 +206,8 @@ class AdapterSet:
             await self.engine().add_lora(served.request())
         except Exception as exc:  # noqa: BLE001 - the engine's refusal, in its own words, logged
             log.warning("the engine refused adapter %s: %s", served.ref.name, exc)
-            words = _engine_words(exc)
+            words = engine_words(exc)
             raise AdapterRefused("path", f"the engine could not load it: {words}") from None
-
-    def _check(self, copy: Path) -> int:
-        """mmgate's own checks, before vLLM sees the adapter: its rank, and every weight's
-        module, layer and shape against the model (wrong shapes would fail the engine's step,
-        not the load). Returns the rank."""
-        from safetensors import safe_open
-
-        config = json.loads((copy / CONFIG_FILE).read_text())
-        rank = config.get("r") if isinstance(config, dict) else None
-        if not isinstance(rank, int) or rank <= 0:
-            raise AdapterRefused("path", f"{CONFIG_FILE} gives no rank r")
-        if config.get("use_dora"):
-            raise AdapterRefused("path", "DoRA adapters are not served")
-        try:
-            with safe_open(str(copy / WEIGHTS_FILE), framework="pt") as weights:
-                shapes = {key: tuple(weights.get_slice(key).get_shape()) for key in weights.keys()}  # noqa: SIM118 - safe_open is not a mapping
-        except Exception:  # noqa: BLE001 - any unreadable file is one answer
-            raise AdapterRefused("path", f"{WEIGHTS_FILE} is not a safetensors file") from None
-        if not shapes:
-            raise AdapterRefused("path", f"{WEIGHTS_FILE} holds no weights")
-        highest = max([rank, *(self._checked(key, shape) for key, shape in shapes.items())])
-        if highest > self.max_rank:
-            raise AdapterRefused(
-                "path",
-                f"rank {highest} is above this server's maximum, {self.max_rank}"
-                " (MMGATE_ENGINE__MAX_LORA_RANK)",
-            )
-        return highest
-
-    def _checked(self, key: str, shape: tuple[int, ...]) -> int:
-        """One weight's rank, once its module, layer and shape fit the model."""
-        if self.language_only and any(part in key for part in _OUTSIDE_LANGUAGE):
-            raise AdapterRefused(
-                "path",
-                f"{key.removeprefix('base_model.model.')} is outside the language model; in"
-                " embeddings mode mmgate runs the vision tower and projector itself",
-            )
-        found = _KEY.fullmatch(key)
-        if found is None or found["prefix"] not in _LANGUAGE or found["module"] not in self.shapes:
-            return 0  # not one mmgate knows the shape of: vLLM's own check decides
-        layer, module = int(found["layer"]), found["module"]
-        if layer >= self.layers:
-            raise AdapterRefused(
-                "path", f"{module} of layer {layer}: the model has {self.layers} layers"
-            )
-        fan_in, fan_out = self.shapes[module]
-        rank = shape[0] if found["half"] == "A" else shape[-1]
-        expected = (rank, fan_in) if found["half"] == "A" else (fan_out, rank)
-        if len(shape) != 2 or shape != expected:
-            raise AdapterRefused(
-                "path",
-                f"{module} of layer {layer}: lora_{found['half']} is"
-                f" {'x'.join(map(str, shape))}, the model needs {expected[0]}x{expected[1]}",
-            )
-        return rank
 
     def _next_id(self) -> int:
         self._ids += 1
@@ -283,7 +216,7 @@ class AdapterSet:
     async def _null(self, slot: int) -> Served:
         folder = self.folder / "null"
         await asyncio.to_thread(
-            _write_null, folder, self.layer_prefix, self.layers, self.shapes["q_proj"]
+            write_null, folder, self.layer_prefix, self.layers, self.shapes["q_proj"]
         )
         engine = self.engine()
         # placeholders in the slots before it, so that the null adapter takes this one
@@ -384,93 +317,11 @@ class AdapterSet:
         )
 
 
-def checked_name(name: str) -> str:
-    """An adapter's name as a load gives it: what a metric label and a log line can hold."""
-    if re.fullmatch(ADAPTER_NAME, name) is None:
-        raise AdapterRefused("name", "1 to 64 letters, digits, '.', '-' or '_'")
-    return name
-
-
-def folder_under(root: Path | None, path: str) -> Path:
-    """``path`` (absolute, or relative to ``root``) as a folder inside ``root``, links followed:
-    a link or ``..`` pointing out of the root is refused like any other path outside it."""
-    if root is None:
-        raise AdapterRefused(
-            "path", "this server loads no adapters at run time (no adapter root is set)"
-        )
-    if not path or "\0" in path:
-        raise AdapterRefused("path", "a folder under the server's adapter root is required")
-    base = root.resolve()
-    try:
-        folder = (base / path).resolve()
-        inside = folder.is_relative_to(base)
-        found = inside and folder.is_dir()
-    except (OSError, RuntimeError):  # a name too long, a loop of links
-        raise AdapterRefused("path", "not a folder that can be read") from None
-    if not inside:
-        raise AdapterRefused("path", "not under the server's adapter root")
-    if not found:
-        raise AdapterRefused("path", "no such folder under the server's adapter root")
-    return folder
-
-
-def _copy(source: Path, copy: Path) -> str:
-    """Copy an adapter's two files into ``copy``, hashing them: the adapter's digest."""
-    digest = hashlib.sha256()
-    copy.mkdir(parents=True)
-    for name in (CONFIG_FILE, WEIGHTS_FILE):
-        try:
-            with (source / name).open("rb") as reading, (copy / name).open("wb") as writing:
-                digest.update(f"{name}\0".encode())
-                while chunk := reading.read(_CHUNK):
-                    digest.update(chunk)
-                    writing.write(chunk)
-        except (FileNotFoundError, NotADirectoryError):
-            raise AdapterRefused("path", f"the folder holds no {name}") from None
-        except IsADirectoryError:
-            raise AdapterRefused("path", f"{name} is not a file") from None
-        except OSError as exc:
-            raise AdapterRefused("path", f"{name} cannot be read ({exc.strerror})") from None
-    try:
-        json.loads((copy / CONFIG_FILE).read_text())
-    except (UnicodeDecodeError, ValueError):
-        raise AdapterRefused("path", f"{CONFIG_FILE} is not JSON") from None
-    return "sha256:" + digest.hexdigest()
-
-
-def _write_null(folder: Path, prefix: str, layers: int, q_proj: tuple[int, int]) -> None:
-    import torch
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    fan_in, fan_out = q_proj
-    tensors = {}
-    for layer in range(layers):
-        module = f"base_model.model.{prefix}.{layer}.self_attn.q_proj"
-        tensors[f"{module}.lora_A.weight"] = torch.zeros(1, fan_in)
-        tensors[f"{module}.lora_B.weight"] = torch.zeros(fan_out, 1)
-    save_file(tensors, folder / WEIGHTS_FILE)
-    config = {"peft_type": "LORA", "r": 1, "lora_alpha": 1, "target_modules": ["q_proj"]}
-    (folder / CONFIG_FILE).write_text(json.dumps(config))
-
-
-def _engine_words(exc: BaseException) -> str:
-    """vLLM's reason without its wrapping ("Call to add_lora method failed: Worker failed with
-    error '...', please check the stack trace above") or the copy's path."""
-    text = str(exc)
-    inner = re.search(r"error '(.*)'", text, re.S)
-    text = inner.group(1) if inner else text
-    text = re.sub(r"(/[^\s,'\]]+)+", "<adapter>", text)
-    return text.splitlines()[0][:300] if text else "no reason given"
-
-
 __all__ = [
     "BASE_LABEL",
     "AdapterSet",
     "LoraEngine",
     "Served",
-    "checked_name",
-    "folder_under",
     "planned_rank",
     "planned_slots",
 ]

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from services.api.auth import Caller
 from services.config import EngineSettings, Grant
-from services.engine.adapters import checked_name, folder_under
+from services.engine.adapter_files import checked_name, folder_under
 from services.errors import AdapterRefused
 
 
