@@ -30,6 +30,7 @@ _KEY = re.compile(
 )
 _OUTSIDE_LANGUAGE: Final = ("vision_tower", "multi_modal_projector")
 _CHUNK: Final = 1 << 20
+NO_ADAPTER_ROOT: Final = "this server loads no adapters at run time (no adapter root is set)"
 
 
 def config_rank(folder: Path) -> int:
@@ -119,9 +120,7 @@ def folder_under(root: Path | None, path: str) -> Path:
     """``path`` (absolute, or relative to ``root``) as a folder inside ``root``, links followed:
     a link or ``..`` pointing out of the root is refused like any other path outside it."""
     if root is None:
-        raise AdapterRefused(
-            "path", "this server loads no adapters at run time (no adapter root is set)"
-        )
+        raise AdapterRefused("path", NO_ADAPTER_ROOT)
     if not path or "\0" in path:
         raise AdapterRefused("path", "a folder under the server's adapter root is required")
     base = root.resolve()
@@ -190,6 +189,7 @@ def engine_words(exc: BaseException) -> str:
 
 __all__ = [
     "CONFIG_FILE",
+    "NO_ADAPTER_ROOT",
     "WEIGHTS_FILE",
     "AdapterCheck",
     "checked_name",

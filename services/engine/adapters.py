@@ -122,11 +122,14 @@ class AdapterSet:
         # engine alive until the interpreter's exit, where its finaliser fails
         self.engine = engine
         self.folder = folder  # the copies, one sub-folder per load
-        self.shapes = adapter_shapes(text_config)
-        self.layers = int(text_config["num_hidden_layers"])
         # embeddings mode (language_only): mmgate runs the vision tower and projector, so no
         # adapter may touch them
-        self.check = AdapterCheck(self.shapes, self.layers, max_rank, language_only)
+        self.check = AdapterCheck(
+            adapter_shapes(text_config),
+            int(text_config["num_hidden_layers"]),
+            max_rank,
+            language_only,
+        )
         # where the language model's layers are, in PEFT's names (the null adapter's)
         self.layer_prefix = "model.language_model.layers" if multimodal else "model.layers"
         self.served: dict[str, Served] = {}
@@ -216,7 +219,7 @@ class AdapterSet:
     async def _null(self, slot: int) -> Served:
         folder = self.folder / "null"
         await asyncio.to_thread(
-            write_null, folder, self.layer_prefix, self.layers, self.shapes["q_proj"]
+            write_null, folder, self.layer_prefix, self.check.layers, self.check.shapes["q_proj"]
         )
         engine = self.engine()
         # placeholders in the slots before it, so that the null adapter takes this one

@@ -33,6 +33,7 @@ from ..types import (
     EngineTokenStats,
     ModelFacts,
 )
+from .adapter_files import NO_ADAPTER_ROOT
 from .adapters import AdapterSet, planned_rank, planned_slots
 from .dtypes import VERDICTS_FILE, Cpu, DtypeChoice, Verdicts, choose_dtype, this_cpu
 from .outputs import deltas_of, times_of
@@ -221,9 +222,7 @@ class EngineWorker:
         (AdapterRefused): nothing changed."""
         self._require()
         if self.adapters is None:
-            raise AdapterRefused(
-                "path", "this server loads no adapters at run time (no adapter root is set)"
-            )
+            raise AdapterRefused("path", NO_ADAPTER_ROOT)
         return await self.adapters.load_from_root(name, path)
 
     def unload_adapter(self, name: str) -> int:
