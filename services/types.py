@@ -177,6 +177,8 @@ class EngineRequest:
     final_only: bool = False
     # the LoRA adapter to answer through; None: the base model
     adapter: AdapterRef | None = None
+    # lower is more urgent: the order within a tenant in mmgate's queue, and vLLM's
+    priority: int = 0
 
 
 @final
@@ -281,6 +283,9 @@ class Finished:
     samples: tuple[SampleEnd, ...] = ()
     prompt_logprobs: tuple[TokenLogprobs, ...] = ()
     adapter: AdapterRef | None = None
+    # how long the request waited in mmgate's queue for an engine slot, and at what priority
+    queue_ms: float = 0.0
+    priority: int = 0
 
 
 # ── snapshots ───────────────────────────────────────────────────────────────────────────────

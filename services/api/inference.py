@@ -47,6 +47,7 @@ from .adapters import (
 from .admission import Admission
 from .auth import Caller, current_caller
 from .metadata import call_deadline, trace_headers
+from .priorities import priority_of, scheduling_message
 from .status import ServiceError, abort, answer_too_large, from_exception
 from .validation import MAX_LOGPROBS, validate
 
@@ -153,6 +154,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             ),
             adapters=usable(caller, self.engine),
             default_adapter=caller.default_adapter,
+            scheduling=scheduling_message(settings.tenants.scheduling_of(caller.tenant)),
         )
 
     async def LoadAdapter(
@@ -218,7 +220,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             takes_images=pipeline.media.takes_images,
         )
         adapter = adapter_for(caller, message.adapter, self.engine)
-        return pipeline.request(checked, caller.tenant, deadline, trace_headers(context), adapter)
+        priority = priority_of(message, self.settings.tenants.scheduling_of(caller.tenant))
+        return pipeline.request(
+            checked, caller.tenant, deadline, trace_headers(context), adapter, priority
+        )
 
 
 def _message(event: EngineDelta | Finished) -> pb.GenerateResponse:
@@ -274,6 +279,8 @@ def _final(event: Finished) -> pb.GenerateFinal:
         samples=[_sample_end(end) for end in event.samples],
         prompt_logprobs=[_logprobs(position) for position in event.prompt_logprobs],
         adapter=adapter_message(event.adapter) if event.adapter is not None else None,
+        queue_ms=event.queue_ms,
+        priority=event.priority,
     )
 
 

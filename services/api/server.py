@@ -123,6 +123,8 @@ class MmgateServer:
         self.engine = EngineWorker(settings.engine, model)
         # dtype=auto's evidence lives beside the converted models (services/engine/dtypes.py)
         self.engine.verdicts = Verdicts(settings.model_cache / VERDICTS_FILE)
+        if settings.tenants.prioritised:
+            self.engine.schedule_by_priority()
         self.health = HealthServicer()
         self.monitor = HealthMonitor(
             settings.health, self.health, self.cache, self.engine, (INFERENCE, CACHE)
@@ -260,6 +262,7 @@ class MmgateServer:
             chaos_injected=dict(self.chaos.injected),
             auth_refused=dict(self.auth.refused),
             adapters=self.engine.adapter_stats(),
+            queue=self.pipelines.queue_stats,
         )
 
     async def _forget(self, tenant: str, key: str) -> None:

@@ -4,6 +4,7 @@ mmgate serve [--port 50051 --engine.model PATH ...]   settings: env MMGATE_*, fl
 mmgate generate "What is the capital of France?" [--stream] [--max-tokens N] [--raw]
 mmgate generate "What is in the picture?" --image photo.jpg   (a vision model)
 mmgate generate "Summarise the ticket" --adapter support    (a LoRA adapter the caller may use)
+mmgate generate "Tag this" --priority 10                      (lower is more urgent)
 mmgate stats [--target HOST:PORT] [--watch [SECONDS] [--count N]]
 mmgate bench [--concurrency N | --rate R] (--requests N | --duration S) [--json F] [--plot F]
 mmgate models prepare [--cache DIR]
@@ -67,6 +68,7 @@ async def _generate(args: argparse.Namespace) -> int:
         "n": args.n if args.n != 1 else None,
         "logprobs": args.logprobs,
         "adapter": args.adapter or "",
+        "priority": args.priority,
     }
     async with MmgateClient(
         args.target,
@@ -188,6 +190,11 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--tenant")
     generate.add_argument(
         "--adapter", help="a LoRA adapter the caller may use (mmgate's model info)"
+    )
+    generate.add_argument(
+        "--priority",
+        type=int,
+        help="lower is more urgent, within the caller's range (default: its tenant's)",
     )
     generate.add_argument(
         "--image",

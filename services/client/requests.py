@@ -46,11 +46,13 @@ def build_request(
     cache_policy: str = "prompt",
     token_ids: Sequence[int] | None = None,
     adapter: str = "",
+    priority: int | None = None,
     **sampling: Any,
 ) -> inference_pb2.GenerateRequest:
     """A GenerateRequest; ``sampling`` takes SamplingParams' fields (max_tokens, temperature,
     n, logprobs, prompt_logprobs...). ``adapter``: a LoRA adapter the caller may use (empty: its
-    default, else the base model).
+    default, else the base model). ``priority``: lower is more urgent, within the caller's range
+    (None: its tenant's default).
 
     The input: ``prompt`` (chat-rendered unless ``raw``), ``messages``, or ``token_ids`` (a
     prompt tokenized with the served model's tokenizer). One constraint at most:
@@ -67,6 +69,7 @@ def build_request(
         sampling=inference_pb2.SamplingParams(**fields),
         images=[inference_pb2.Image(data=data) for data in images],
         adapter=adapter,
+        priority=priority,
     )
     if token_ids is not None:
         request.token_ids.ids.extend(token_ids)

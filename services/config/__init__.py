@@ -8,7 +8,7 @@ tables of docs/service.md (``make settings-table``).
     engine.py          EngineSettings, ThreadSettings, default_model_cache, home_model_cache
     cache.py           CacheSettings (the actor's), MediaSettings, RedisSettings
     observability.py   TracingSettings, MetricsSettings, HealthSettings
-    access.py          AuthSettings, Grant, TenantSettings, ConnectionSettings
+    access.py          AuthSettings, Grant, TenantSettings, TenantScheduling, ConnectionSettings
     chaos.py           ChaosSettings, FaultPlan, Faults
 """
 
@@ -20,7 +20,14 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .access import AuthSettings, ConnectionSettings, Grant, TenantSettings
+from .access import (
+    EVERY_TENANT,
+    AuthSettings,
+    ConnectionSettings,
+    Grant,
+    TenantScheduling,
+    TenantSettings,
+)
 from .cache import CacheSettings, MediaSettings, RedisSettings
 from .chaos import ChaosSettings, FaultPlan, Faults
 from .engine import (
@@ -110,6 +117,7 @@ class Settings(BaseSettings):
 
 __all__ = [
     "ADAPTER_NAME",
+    "EVERY_TENANT",
     "LORA_RANKS",
     "AuthSettings",
     "CacheSettings",
@@ -125,6 +133,7 @@ __all__ = [
     "MiB",
     "RedisSettings",
     "Settings",
+    "TenantScheduling",
     "TenantSettings",
     "ThreadSettings",
     "TracingSettings",

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, IPvAnyNetwork, model_validator
+
+TENANT_NAME = r"^[A-Za-z0-9_-]{1,64}$"
+_TENANT = re.compile(TENANT_NAME[1:-1])
 
 
 class Grant(BaseModel):
@@ -14,7 +18,7 @@ class Grant(BaseModel):
 
     model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid", frozen=True)
 
-    tenant: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    tenant: str = Field(pattern=TENANT_NAME)
     """The tenant whose cache entries the caller sees (letters, digits, - and _)."""
     role: Literal["tenant", "admin"] = "tenant"
     """admin: sees every tenant's stats and may inspect or invalidate any tenant's entries."""
@@ -127,6 +131,38 @@ class ConnectionSettings(BaseModel):
     """How long calls on an aged connection may still run: longer than the longest stream."""
 
 
+class TenantScheduling(BaseModel):
+    """How a tenant's requests are ordered for the engine (docs/service.md, "Fair shares and
+    priorities")."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid", frozen=True)
+
+    weight: float = Field(1.0, gt=0, le=1000)
+    """Its share of the engine's time against the other tenants waiting: 3 gets three times what
+    1 gets."""
+    priority: int = Field(0, ge=-1000, le=1000)
+    """The priority of a request that names none (lower is more urgent, as vLLM's)."""
+    min_priority: int = Field(0, ge=-1000, le=1000)
+    """The most urgent priority a request of the tenant may name."""
+    max_priority: int = Field(0, ge=-1000, le=1000)
+    """The least urgent priority a request of the tenant may name."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TenantScheduling:
+        if not self.min_priority <= self.priority <= self.max_priority:
+            raise ValueError("priority must lie within min_priority..max_priority")
+        return self
+
+    @property
+    def prioritised(self) -> bool:
+        """Whether any request of the tenant can have a priority other than 0."""
+        return (self.min_priority, self.priority, self.max_priority) != (0, 0, 0)
+
+
+# the key of TenantSettings.scheduling whose entry holds for every tenant it does not name
+EVERY_TENANT = "*"
+
+
 class TenantSettings(BaseModel):
     """What tenants share and how much each may use (see docs/security.md)."""
 
@@ -144,6 +180,37 @@ class TenantSettings(BaseModel):
     max_labels: int = Field(1024, gt=0)
     """Tenants whose counters are kept; beyond it the longest idle are forgotten (in mode none
     any caller can name a new tenant)."""
+    scheduling: dict[str, TenantScheduling] = Field(default_factory=dict)
+    """Weights and priorities by tenant, {"batch": {"weight": 1, "priority": 10,
+    "max_priority": 20}}; "*": every tenant not named (default: weight 1, priority 0 only)."""
+
+    @model_validator(mode="after")
+    def _tenants_named(self) -> TenantSettings:
+        for name in self.scheduling:
+            if name != EVERY_TENANT and not _TENANT.fullmatch(name):
+                raise ValueError(f"scheduling: {name[:64]!r} is not a tenant's name")
+        return self
+
+    def scheduling_of(self, tenant: str) -> TenantScheduling:
+        """The weight and priorities of ``tenant``'s requests."""
+        found = self.scheduling.get(tenant) or self.scheduling.get(EVERY_TENANT)
+        return found if found is not None else _EQUAL
+
+    @property
+    def prioritised(self) -> bool:
+        """Whether any request can have a priority other than 0: the engine then schedules by
+        priority too."""
+        return any(entry.prioritised for entry in self.scheduling.values())
 
 
-__all__ = ["AuthSettings", "ConnectionSettings", "Grant", "TenantSettings"]
+_EQUAL = TenantScheduling()
+
+
+__all__ = [
+    "EVERY_TENANT",
+    "AuthSettings",
+    "ConnectionSettings",
+    "Grant",
+    "TenantScheduling",
+    "TenantSettings",
+]

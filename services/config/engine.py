@@ -47,6 +47,13 @@ class EngineSettings(BaseModel):
     """Context window in tokens: prompt plus output."""
     max_num_seqs: int = Field(32, gt=0)
     """Sequences the engine runs at once."""
+    queue: bool = True
+    """Order requests for the engine in mmgate's queue (by tenant weight and priority) and hand
+    it no more than it runs at once; false: every request goes to the engine at once, in order
+    of arrival (docs/service.md, "Fair shares and priorities")."""
+    queue_lead: int = Field(0, ge=0)
+    """Sequences handed to the engine beyond max_num_seqs, so that it has the next ones at hand
+    when a run ends; each is one that jumps mmgate's order."""
     block_size: int | None = Field(None, gt=0)
     """KV cache block size in tokens; unset: the platform's (128 on CPU)."""
     kv_cache_dtype: str = "auto"

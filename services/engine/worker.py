@@ -69,6 +69,7 @@ class EngineWorker:
         self.vocab_size = 0  # the model's, once started
         self._image_limit: int | None = None
         self._image_embeddings = False
+        self._by_priority = False
         # what dtype=auto decides from: injectable (tests stand in another CPU and its verdicts)
         self.cpu: Cpu | None = None
         self.verdicts = Verdicts(default_model_cache() / VERDICTS_FILE)
@@ -82,6 +83,11 @@ class EngineWorker:
         """Before start(): take up to ``per_prompt`` images a request, as embeddings too."""
         self._image_limit = per_prompt
         self._image_embeddings = embeddings
+
+    def schedule_by_priority(self) -> None:
+        """Before start(): the engine orders its own queue, and picks what it preempts when KV
+        memory runs out, by the requests' priorities (vLLM's scheduling_policy="priority")."""
+        self._by_priority = True
 
     def use_model(self, model: str) -> None:
         """Serve ``model`` (a folder or a hub name); before start()."""
@@ -126,6 +132,7 @@ class EngineWorker:
             "enforce_eager": s.enforce_eager,
             "seed": s.seed,
             "enable_log_requests": False,
+            "scheduling_policy": "priority" if self._by_priority else "fcfs",
         }
         kwargs["structured_outputs_config"] = StructuredOutputsConfig(
             backend=s.structured_output_backend, disable_any_whitespace=s.compact_json
@@ -327,6 +334,7 @@ class EngineWorker:
             params,
             request_id,
             lora_request=lora.request() if lora is not None else None,
+            priority=request.priority,
             # this request's span as the parent of vLLM's; without vLLM tracing it would only
             # log a warning for each request and drop them
             trace_headers=span.headers(request.trace_headers) if self.vllm_traces else None,

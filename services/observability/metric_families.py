@@ -34,6 +34,7 @@ from ..types import (
     ThreadPoolStats,
 )
 from .adapter_metrics import adapter_families
+from .queue_metrics import QueueStats, queue_families
 
 # the cache stages that hold images: the media level
 MEDIA_STAGES = frozenset({"image", "embedding"})
@@ -65,6 +66,7 @@ class Snapshot:
     # calls refused by authentication, by ErrorInfo reason
     auth_refused: Mapping[str, int] = dataclasses.field(default_factory=dict)
     adapters: AdapterStats = dataclasses.field(default_factory=AdapterStats)
+    queue: QueueStats = dataclasses.field(default_factory=QueueStats)
 
 
 def media_outcome(outcome: str, tier: str) -> str:
@@ -190,6 +192,7 @@ def families(s: Snapshot) -> Iterator[Metric]:
     yield from _threads(s)
     yield from _service(s)
     yield from adapter_families(s.adapters)
+    yield from queue_families(s.queue)
 
 
 def _cache_levels(s: Snapshot) -> Iterator[Metric]:

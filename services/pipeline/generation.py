@@ -7,6 +7,7 @@
             ─▶ response stage (actor flight, only for the "response" policy and a   responses.py
                deterministic request: one engine run shared by identical requests)
                or straight to the engine                                            engine/
+               each engine run through the queue for the engine's slots              queue.py
             ─▶ EngineDelta ... EngineDelta (samples interleaved), Finished (each sample's
                end, usage, cache reports)
 
@@ -31,6 +32,7 @@ from cache_actor import CacheActor
 from ..config import Settings
 from ..engine.protocol import Engine
 from ..errors import EngineUnavailable
+from ..observability.queue_metrics import QueueStats
 from ..types import (
     AdapterRef,
     EngineDelta,
@@ -46,6 +48,7 @@ from .budget import fit
 from .chaos import NoChaos, injector
 from .media import MediaStage
 from .prompts import PromptStage
+from .queue import EngineQueue
 from .request import Request
 from .responses import SharedResponses
 from .tenancy import Isolation
@@ -82,8 +85,11 @@ class Pipeline:
         self.prompts = PromptStage(cache, self.threads, engine.tokenizer_copy)
         # where each tenant's entries live, at every cache level (the engine's included)
         self.isolation = isolation if isolation is not None else Isolation(settings.tenants)
+        # the order of runs for the engine's slots, by tenant weight and priority
+        lanes = settings.engine.max_num_seqs + settings.engine.queue_lead
+        self.queue = EngineQueue(lanes if settings.engine.queue else None, settings.tenants)
         self.responses = SharedResponses(
-            engine, cache, settings.default_deadline_seconds, self.chaos
+            engine, cache, settings.default_deadline_seconds, self.chaos, self.queue
         )
 
     def request(
@@ -93,9 +99,10 @@ class Pipeline:
         deadline: float,
         trace_headers: Mapping[str, str],
         adapter: AdapterRef | None = None,
+        priority: int = 0,
     ) -> Request:
         """A validated request of ``tenant``'s, under its own salt of the engine's caches,
-        answered through ``adapter`` (None: the base model)."""
+        answered through ``adapter`` (None: the base model), at ``priority``."""
         return Request(
             checked,
             tenant,
@@ -103,6 +110,7 @@ class Pipeline:
             trace_headers,
             cache_salt=self.isolation.cache_salt(tenant),
             adapter=adapter,
+            priority=priority,
         )
 
     def check_ready(self, *, with_images: bool) -> None:
@@ -141,7 +149,7 @@ class Pipeline:
         else:
             final_only = whole and self.settings.engine.unary_final_only
             run = request.engine_request(prompt.token_ids, sampling, images, final_only=final_only)
-            stream = self.chaos.engine(engine.generate(run), request.tenant)
+            stream = self.queue.stream(run, request.tenant, self.responses.run, request.waited)
 
         tally = Tally(sampling.n)
         async with contextlib.aclosing(stream) as deltas:
@@ -163,6 +171,8 @@ class Pipeline:
             samples=samples,
             prompt_logprobs=tally.prompt_logprobs,
             adapter=request.adapter,
+            queue_ms=request.queue_ms,
+            priority=request.priority,
         )
 
     async def close(self) -> None:
@@ -231,6 +241,11 @@ class PipelineRef:
     def media_stats(self) -> MediaStats:
         """The media stage's counts; none before the engine has started."""
         return self.current.media.stats if self.current is not None else MediaStats()
+
+    @property
+    def queue_stats(self) -> QueueStats:
+        """The engine queue's figures; none before the engine has started."""
+        return self.current.queue.stats() if self.current is not None else QueueStats()
 
 
 __all__ = ["Pipeline", "PipelineRef", "Tally"]

@@ -4,6 +4,7 @@ api: validate ─▶ Pipeline.request: Request(checked, tenant, deadline, trace 
      adapter)
      ─▶ prompt stage, media stage, shared responses: each appends its LookupReport
      ─▶ request.engine_request(prompt, sampling, images): the one way an engine run is made
+     ─▶ the queue for the engine (queue.py): its wait, in queue_ms
      ─▶ Finished (the reports with it)
 """
 
@@ -60,6 +61,13 @@ class Request:
     cache_salt: str | None = None
     # the LoRA adapter the caller may use and named (or defaults to); None: the base model
     adapter: AdapterRef | None = None
+    # lower is more urgent (the tenant's range was checked by the API)
+    priority: int = 0
+    # how long its engine run waited in mmgate's queue (queue.py)
+    queue_ms: float = 0.0
+
+    def waited(self, seconds: float) -> None:
+        self.queue_ms = seconds * 1000
 
     def left(self) -> float:
         return seconds_left(self.deadline)
@@ -85,6 +93,7 @@ class Request:
             cache_salt=self.cache_salt,
             final_only=final_only,
             adapter=self.adapter,
+            priority=self.priority,
         )
 
     def report(

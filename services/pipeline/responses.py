@@ -31,6 +31,7 @@ from ..keys import cache_key
 from ..observability.lookups import stage
 from ..types import EngineDelta, EngineImages, EngineRequest, RenderedPrompt, Sampling
 from .chaos import NoChaos
+from .queue import EngineQueue
 from .request import RESPONSE_TIER, Request
 
 log = logging.getLogger("mmgate.responses")
@@ -139,11 +140,17 @@ class SharedResponses:
     """The response stage: identical deterministic requests share one engine run."""
 
     def __init__(
-        self, engine: Engine, cache: CacheActor, run_deadline: float, chaos: NoChaos
+        self,
+        engine: Engine,
+        cache: CacheActor,
+        run_deadline: float,
+        chaos: NoChaos,
+        queue: EngineQueue,
     ) -> None:
         self.engine = engine
         self.cache = cache
         self.chaos = chaos
+        self.queue = queue
         # a producer's own bound: it serves whoever joins, not one caller's deadline
         self.run_deadline = run_deadline
         self._producers: set[asyncio.Task[None]] = set()
@@ -171,7 +178,7 @@ class SharedResponses:
         async def start_recording() -> ResponseRecording:
             recording = ResponseRecording(weight(sampling, len(prompt.token_ids)))
             producer = asyncio.create_task(
-                self._record(recording, key, tenant, run), name=f"mmgate-response-{key[:12]}"
+                self._record(recording, key, request, run), name=f"mmgate-response-{key[:12]}"
             )
             recording.producer = producer
             self._producers.add(producer)
@@ -207,19 +214,23 @@ class SharedResponses:
         if self._producers:
             await asyncio.wait(set(self._producers), timeout=5)
 
+    def run(self, run: EngineRequest, tenant: str) -> AsyncGenerator[EngineDelta, None]:
+        """The engine's deltas for ``run`` (through fault injection, where it is on)."""
+        return self.chaos.engine(self.engine.generate(run), tenant)
+
     async def _record(
-        self, recording: ResponseRecording, key: str, tenant: str, run: EngineRequest
+        self, recording: ResponseRecording, key: str, starter: Request, run: EngineRequest
     ) -> None:
-        """Run the engine once for every request sharing this response."""
+        """Run the engine once for every request sharing this response (its wait in the queue
+        is the starter's)."""
+        tenant = starter.tenant
         error: BaseException | None = None
         try:
             # no listener, no engine run: the caller may have left during the lookup
             async with asyncio.timeout(FIRST_LISTENER_SECONDS):
                 await recording.listened.wait()
-            async with (
-                asyncio.timeout(self.run_deadline),
-                contextlib.aclosing(self.chaos.engine(self.engine.generate(run), tenant)) as deltas,
-            ):
+            stream = self.queue.stream(run, tenant, self.run, starter.waited)
+            async with asyncio.timeout(self.run_deadline), contextlib.aclosing(stream) as deltas:
                 async for delta in deltas:
                     recording.append(delta)
         except BaseException as exc:  # noqa: BLE001 - the listeners must learn of any end

@@ -127,7 +127,7 @@ class Image(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., digest: _Optional[str] = ..., mime_type: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "chat", "token_ids", "sampling", "request_id", "cache_policy", "images", "adapter")
+    __slots__ = ("prompt", "chat", "token_ids", "sampling", "request_id", "cache_policy", "images", "adapter", "priority")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +136,7 @@ class GenerateRequest(_message.Message):
     CACHE_POLICY_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     chat: Chat
     token_ids: TokenIds
@@ -144,7 +145,8 @@ class GenerateRequest(_message.Message):
     cache_policy: CachePolicy
     images: _containers.RepeatedCompositeFieldContainer[Image]
     adapter: str
-    def __init__(self, prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., cache_policy: _Optional[_Union[CachePolicy, str]] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ..., adapter: _Optional[str] = ...) -> None: ...
+    priority: int
+    def __init__(self, prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., cache_policy: _Optional[_Union[CachePolicy, str]] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ..., adapter: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "cached_prompt_tokens")
@@ -239,7 +241,7 @@ class SampleEnd(_message.Message):
     def __init__(self, index: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_string: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateFinal(_message.Message):
-    __slots__ = ("finish_reason", "usage", "cache", "request_id", "model", "samples", "prompt_logprobs", "adapter")
+    __slots__ = ("finish_reason", "usage", "cache", "request_id", "model", "samples", "prompt_logprobs", "adapter", "queue_ms", "priority")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
@@ -248,6 +250,8 @@ class GenerateFinal(_message.Message):
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     finish_reason: FinishReason
     usage: Usage
     cache: CacheReport
@@ -256,7 +260,9 @@ class GenerateFinal(_message.Message):
     samples: _containers.RepeatedCompositeFieldContainer[SampleEnd]
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprobs]
     adapter: Adapter
-    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., cache: _Optional[_Union[CacheReport, _Mapping]] = ..., request_id: _Optional[str] = ..., model: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[SampleEnd, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ..., adapter: _Optional[_Union[Adapter, _Mapping]] = ...) -> None: ...
+    queue_ms: float
+    priority: int
+    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., cache: _Optional[_Union[CacheReport, _Mapping]] = ..., request_id: _Optional[str] = ..., model: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[SampleEnd, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ..., adapter: _Optional[_Union[Adapter, _Mapping]] = ..., queue_ms: _Optional[float] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("delta", "final")
@@ -297,7 +303,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model", "max_model_len", "vocab_size", "eos_token_ids", "bos_token_id", "takes_images", "media_mode", "has_chat_template", "limits", "structured_output_backend", "adapters", "default_adapter")
+    __slots__ = ("model", "max_model_len", "vocab_size", "eos_token_ids", "bos_token_id", "takes_images", "media_mode", "has_chat_template", "limits", "structured_output_backend", "adapters", "default_adapter", "scheduling")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -310,6 +316,7 @@ class ModelInfo(_message.Message):
     STRUCTURED_OUTPUT_BACKEND_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULING_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_model_len: int
     vocab_size: int
@@ -322,7 +329,20 @@ class ModelInfo(_message.Message):
     structured_output_backend: str
     adapters: _containers.RepeatedCompositeFieldContainer[Adapter]
     default_adapter: str
-    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token_id: _Optional[int] = ..., takes_images: _Optional[bool] = ..., media_mode: _Optional[str] = ..., has_chat_template: _Optional[bool] = ..., limits: _Optional[_Union[ModelLimits, _Mapping]] = ..., structured_output_backend: _Optional[str] = ..., adapters: _Optional[_Iterable[_Union[Adapter, _Mapping]]] = ..., default_adapter: _Optional[str] = ...) -> None: ...
+    scheduling: Scheduling
+    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token_id: _Optional[int] = ..., takes_images: _Optional[bool] = ..., media_mode: _Optional[str] = ..., has_chat_template: _Optional[bool] = ..., limits: _Optional[_Union[ModelLimits, _Mapping]] = ..., structured_output_backend: _Optional[str] = ..., adapters: _Optional[_Iterable[_Union[Adapter, _Mapping]]] = ..., default_adapter: _Optional[str] = ..., scheduling: _Optional[_Union[Scheduling, _Mapping]] = ...) -> None: ...
+
+class Scheduling(_message.Message):
+    __slots__ = ("weight", "priority", "min_priority", "max_priority")
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    MIN_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    MAX_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    weight: float
+    priority: int
+    min_priority: int
+    max_priority: int
+    def __init__(self, weight: _Optional[float] = ..., priority: _Optional[int] = ..., min_priority: _Optional[int] = ..., max_priority: _Optional[int] = ...) -> None: ...
 
 class Adapter(_message.Message):
     __slots__ = ("name", "digest", "rank")

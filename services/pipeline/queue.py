@@ -1,0 +1,286 @@
+"""mmgate's queue in front of the engine: who runs next when every engine slot is taken.
+
+    engine run ─▶ queue.stream(run, tenant, generate) ─▶ a slot free? ─▶ engine.generate(run)
+                        │                                    ▲
+                        └▶ waits: within a tenant by priority │ a run that ends frees its slots:
+                           then arrival; across tenants by    │ the next is picked (pick())
+                           weighted fair queuing ─────────────┘
+
+vLLM runs at most ``max_num_seqs`` sequences at once and keeps the rest in its own queue, first
+come first served: there, one tenant's burst holds back everyone who comes after it, and vLLM
+frees no running slot for urgent work (it preempts only when KV-cache blocks run out). So mmgate
+hands the engine no more sequences than it runs at once (plus ``queue_lead``), a run of n samples
+taking n slots, and decides the order here.
+
+Fair shares are of engine time. A tenant's usage is the slot-seconds its runs held, divided by its
+weight; a free slot goes to the waiting tenant whose usage is least. A run is charged the recent
+mean run length when it starts and its actual length when it ends, so slots freed together are
+spread by weight, and long runs cost what they hold. A tenant that was idle comes back at the
+least usage among those active: idle time saves up no credit, and a debt is kept. The queue is
+work-conserving: a slot nobody else waits for goes to whoever waits, beyond any share.
+
+A waiting request keeps its deadline (the caller's timeout cancels the wait) and leaves the queue
+when its caller goes; a slot granted as the wait was cancelled is handed back at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import heapq
+import itertools
+import time
+from collections.abc import AsyncGenerator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Final, final
+
+from ..config import TenantSettings
+from ..observability.queue_metrics import QUEUE_WAIT_BUCKETS, QueueStats, TenantQueueStats
+from ..observability.spans import span
+from ..types import (
+    EngineDelta,
+    EngineRequest,
+)
+
+# The run length a tenant is charged when its first run starts, before any run has ended (s).
+FIRST_ESTIMATE_SECONDS: Final = 1.0
+# How much the last run's length moves the estimate (an exponential moving average).
+ESTIMATE_WEIGHT: Final = 0.1
+# Label for the tenants beyond ``max_labels`` in the queue's figures.
+OTHER_TENANTS: Final = "other"
+
+
+@final
+@dataclass(eq=False, slots=True)
+class Slot:
+    """Engine slots held by one run, from its grant until ``EngineQueue.release``."""
+
+    tenant: str
+    cost: int
+    started: float  # the queue's clock at the grant
+    charged: float  # the estimate charged at the grant, slot-seconds
+    waited: float  # seconds in the queue
+
+
+@final
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    tenant: str
+    cost: int
+    arrived: float
+    granted: asyncio.Future[Slot]
+
+
+@final
+@dataclass(eq=False, slots=True)
+class _Tenant:
+    weight: float
+    usage: float = 0.0  # slot-seconds charged / weight: the virtual time of fair queuing
+    waiting: list[tuple[int, int, _Waiter]] = field(default_factory=list)  # (priority, order, ..)
+    depth: int = 0  # waiters not cancelled
+    slots: int = 0
+
+    @property
+    def active(self) -> bool:
+        return self.depth > 0 or self.slots > 0
+
+    def head(self) -> _Waiter | None:
+        """The most urgent waiter still waiting (cancelled ones are dropped here)."""
+        while self.waiting:
+            waiter = self.waiting[0][2]
+            if not waiter.granted.done():
+                return waiter
+            heapq.heappop(self.waiting)
+        return None
+
+
+@final
+class EngineQueue:
+    """The order in which runs reach the engine, by tenant weight and request priority.
+
+    ``slots`` None: no queue (``MMGATE_ENGINE__QUEUE=false``): every run goes to the engine at once,
+    and only the figures are kept.
+    """
+
+    def __init__(
+        self,
+        slots: int | None,
+        tenants: TenantSettings,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.slots = slots
+        self.tenants = tenants
+        self.clock = clock  # a test's own clock stands in run lengths
+        self.in_use = 0
+        self._tenants: dict[str, _Tenant] = {}
+        self._floor = 0.0  # the virtual time when no tenant is active
+        self._estimate = FIRST_ESTIMATE_SECONDS
+        self._order = itertools.count()
+        self._stats: dict[str, TenantQueueStats] = {}
+
+    # ── a run ────────────────────────────────────────────────────────────────────────────────
+
+    async def stream(
+        self,
+        run: EngineRequest,
+        tenant: str,
+        generate: Callable[[EngineRequest, str], AsyncGenerator[EngineDelta, None]],
+        waited: Callable[[float], None] | None = None,
+    ) -> AsyncGenerator[EngineDelta, None]:
+        """``generate(run, tenant)``'s deltas once the run has its slots; ``waited`` learns the
+        seconds it waited for them."""
+        slot = await self.acquire(tenant, run.priority, run.sampling.n)
+        try:
+            if waited is not None:
+                waited(slot.waited)
+            async with contextlib.aclosing(generate(run, tenant)) as deltas:
+                async for delta in deltas:
+                    yield delta
+        finally:
+            self.release(slot)
+
+    async def acquire(self, tenant: str, priority: int, cost: int) -> Slot:
+        """Wait for ``cost`` engine slots for one of ``tenant``'s runs (cancellable)."""
+        if self.slots is not None:
+            cost = max(1, min(cost, self.slots))
+        state = self._join(tenant)
+        arrived = self.clock()
+        waiter = _Waiter(tenant, cost, arrived, asyncio.get_running_loop().create_future())
+        heapq.heappush(state.waiting, (priority, next(self._order), waiter))
+        state.depth += 1
+        self._figures(tenant).waiting += 1
+        self._grant()
+        if waiter.granted.done():
+            return waiter.granted.result()
+        attributes: dict[str, str | int] = {"mmgate.tenant": tenant, "mmgate.priority": priority}
+        with span("queue", attributes) as traced:
+            try:
+                slot = await waiter.granted
+            except asyncio.CancelledError:
+                self._left(waiter, state)
+                raise
+            if traced is not None:
+                traced.set_attribute("mmgate.queue.wait_ms", slot.waited * 1000)
+            return slot
+
+    def release(self, slot: Slot) -> None:
+        """The run has ended: its slots go to whoever waits next, its length is charged."""
+        state = self._tenants[slot.tenant]
+        held = self.clock() - slot.started
+        self.in_use -= slot.cost
+        state.slots -= slot.cost
+        self._figures(slot.tenant).slots -= slot.cost
+        state.usage += (held * slot.cost - slot.charged) / state.weight
+        self._estimate += ESTIMATE_WEIGHT * (held - self._estimate)
+        self._leave(slot.tenant, state)
+        self._grant()
+
+    # ── the order ────────────────────────────────────────────────────────────────────────────
+
+    def _join(self, tenant: str) -> _Tenant:
+        state = self._tenants.get(tenant)
+        if state is None:
+            weight = self.tenants.scheduling_of(tenant).weight
+            state = self._tenants[tenant] = _Tenant(weight, self._now())
+        elif not state.active:
+            state.usage = max(state.usage, self._now())
+        return state
+
+    def _now(self, leaving: _Tenant | None = None) -> float:
+        """The virtual time: the least usage among active tenants (and ``leaving``, which just
+        ceased to be). It moves on with whoever is served, alone or not, and never back: slots
+        a tenant took while nobody else waited are no debt when another comes."""
+        usages = [s.usage for s in self._tenants.values() if s.active or s is leaving]
+        if usages:
+            self._floor = max(self._floor, min(usages))
+        return self._floor
+
+    def _leave(self, tenant: str, state: _Tenant) -> None:
+        """After ``state``'s usage changed: move the virtual time on, and forget the tenant
+        once idle and owed nothing more than a newcomer would be."""
+        now = self._now(state)
+        if not state.active and state.usage <= now:
+            del self._tenants[tenant]
+
+    def _pick(self) -> tuple[_Tenant, _Waiter] | None:
+        best: tuple[float, int] | None = None
+        found: tuple[_Tenant, _Waiter] | None = None
+        for state in self._tenants.values():
+            if state.depth == 0:
+                continue
+            head = state.head()
+            if head is None:
+                continue
+            rank = (state.usage, state.waiting[0][1])
+            if best is None or rank < best:
+                best, found = rank, (state, head)
+        return found
+
+    def _grant(self) -> None:
+        while True:
+            picked = self._pick()
+            if picked is None:
+                return
+            state, waiter = picked
+            if self.slots is not None and self.in_use and self.in_use + waiter.cost > self.slots:
+                return  # it waits for enough slots; nobody passes it (it would starve)
+            heapq.heappop(state.waiting)
+            state.depth -= 1
+            now = self.clock()
+            charged = self._estimate * waiter.cost
+            state.usage += charged / state.weight
+            state.slots += waiter.cost
+            self.in_use += waiter.cost
+            waited = now - waiter.arrived
+            figures = self._figures(waiter.tenant)
+            figures.waiting -= 1
+            figures.slots += waiter.cost
+            figures.granted += 1
+            figures.wait_counts[bisect.bisect_left(QUEUE_WAIT_BUCKETS, waited)] += 1
+            figures.wait_seconds += waited
+            self._now()
+            waiter.granted.set_result(Slot(waiter.tenant, waiter.cost, now, charged, waited))
+
+    def _left(self, waiter: _Waiter, state: _Tenant) -> None:
+        """The caller went (or its deadline passed) while it waited."""
+        if waiter.granted.done() and not waiter.granted.cancelled():
+            # granted as the cancellation came: the run never starts, its slots go back
+            self.release(waiter.granted.result())
+            return
+        waiter.granted.cancel()
+        state.depth -= 1
+        figures = self._figures(waiter.tenant)
+        figures.waiting -= 1
+        figures.left += 1
+        self._leave(waiter.tenant, state)
+        self._grant()  # a large run at the head may have held back smaller ones
+
+    # ── figures ──────────────────────────────────────────────────────────────────────────────
+
+    def _figures(self, tenant: str) -> TenantQueueStats:
+        """The tenant's figures: the first ``max_labels`` tenants apart, the rest together."""
+        figures = self._stats.get(tenant)
+        if figures is None:
+            label = tenant if len(self._stats) < self.tenants.max_labels else OTHER_TENANTS
+            figures = self._stats.setdefault(label, TenantQueueStats())
+        return figures
+
+    def stats(self) -> QueueStats:
+        """A copy of the figures (the scrape reads it on the event loop)."""
+        tenants = {
+            name: TenantQueueStats(
+                f.waiting, f.slots, f.granted, f.left, list(f.wait_counts), f.wait_seconds
+            )
+            for name, f in self._stats.items()
+        }
+        return QueueStats(self.slots or 0, self.in_use, tenants)
+
+    def waiting(self) -> Iterator[tuple[str, int]]:
+        """Each tenant with requests waiting now, and how many."""
+        for name, state in self._tenants.items():
+            if state.depth:
+                yield name, state.depth
+
+
+__all__ = ["ESTIMATE_WEIGHT", "FIRST_ESTIMATE_SECONDS", "OTHER_TENANTS", "EngineQueue", "Slot"]
