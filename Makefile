@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(ENGINE)
 HOST ?= 127.0.0.1
 PORT ?= 50051
 
-.PHONY: all install test lint typecheck architecture unit proto manifests settings-table serve mesh bench bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-unary bench-adapters bench-observability bench-plots soak reliability-report clean
+.PHONY: all install test lint typecheck architecture unit proto manifests settings-table serve mesh bench bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-unary bench-adapters bench-fair-queue bench-observability bench-plots soak reliability-report clean
 
 all: test
 
@@ -170,6 +170,10 @@ bench-unary: $(STAMP)
 bench-adapters: $(STAMP)
 	$(BIN)/python -m bench.adapters --json $(FIGURES)/adapters.json
 
+# the queue in front of the engine: tokens per second with it and without it, alternated
+bench-fair-queue: $(STAMP)
+	$(BIN)/python -m bench.fair_queue --json $(FIGURES)/fair-queue.json
+
 # repeated images against vLLM's server: the tiny LLaVA's grid, then the ViT-L-sized tower at 90%
 bench-image-repeats: $(STAMP)
 	$(BIN)/python -m bench.image_repeats $(REPEATS_ARGS) --json $(FIGURES)/images-tiny.json
@@ -189,7 +193,7 @@ bench-plots: $(STAMP)
 ifeq ($(QUICK),1)
 bench: bench-cache bench-growth bench-image-repeats
 else
-bench: bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-unary bench-adapters bench-observability bench-plots
+bench: bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-unary bench-adapters bench-fair-queue bench-observability bench-plots
 endif
 
 # the full multi-replica suite: three replicas behind the proxy, fail-over, rolling restart,

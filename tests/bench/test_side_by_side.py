@@ -143,3 +143,15 @@ def test_the_adapter_benchmark_takes_its_ratios_within_a_round() -> None:
     assert first["adapter_over_base_lora_off"] == 0.4
     assert first["base_lora_on_over_off"] == 0.8
     assert second["adapter_over_base_lora_off"] is None
+
+
+def test_the_queue_benchmark_takes_its_ratios_within_a_round() -> None:
+    from bench.fair_queue import report
+
+    def row(side: str, round_: int, tps: float) -> dict[str, object]:
+        return {"side": side, "round": round_, "concurrency": 64, "tokens_per_second": tps}
+
+    rows = [row("queue", 1, 99.0), row("no queue", 1, 100.0), row("no queue", 2, 50.0)]
+    rows.append(row("queue", 2, 51.0))
+    found = report(rows)["ratios"]
+    assert [(r["round"], round(r["queue_over_none"], 2)) for r in found] == [(1, 0.99), (2, 1.02)]

@@ -1,11 +1,9 @@
 """A tenant's closed-loop load, in a process of its own: ``python -m tests.services.api.fair_load``.
 
-The fair-share tests measure what each tenant completes while the engine is saturated; a load
-generated in the test's own process stalled there now and then (its loop idle for seconds while
-the server worked), and a tenant whose clients stall stops saturating: its slots then go, rightly,
-to whoever waits. Each tenant's load runs here instead, and prints one JSON line per request:
-when it was sent, its first token (streams only), its end (time.monotonic(), the same clock in
-every process
+The priority test keeps the engine saturated with a tenant's low-priority streams while the
+test's own process sends urgent ones; each of a load's 44 streams reads every token, work kept
+out of the test's process. It prints one JSON line per request:
+when it was sent, its first token, its end (time.monotonic(), the same clock in every process
 on Linux), its queue wait and priority, or its error.
 """
 
@@ -22,22 +20,17 @@ import grpc
 from services.client import MmgateClient, build_request
 
 
-async def worker(
-    client: MmgateClient, tokens: int, until: float, *, unary: bool
-) -> list[dict[str, object]]:
+async def worker(client: MmgateClient, tokens: int, until: float) -> list[dict[str, object]]:
     seen: list[dict[str, object]] = []
     while time.monotonic() < until:
         sent, first = time.monotonic(), None
         request = build_request("Tell me a story", max_tokens=tokens, ignore_eos=True)
         try:
-            if unary:  # one message an answer: least work here, where only ends count
-                final = (await client.complete_request(request, timeout=120)).final
-            else:
-                async for event in client.generate(request, timeout=120):
-                    if event.HasField("delta") and first is None:
-                        first = time.monotonic()
-                    if event.HasField("final"):
-                        final = event.final
+            async for event in client.generate(request, timeout=120):
+                if event.HasField("delta") and first is None:
+                    first = time.monotonic()
+                if event.HasField("final"):
+                    final = event.final
         except grpc.aio.AioRpcError as error:
             seen.append({"sent": sent, "error": error.code().name})
             return seen
@@ -58,14 +51,11 @@ async def main() -> None:
     parser.add_argument("target")
     parser.add_argument("tenant")
     parser.add_argument("--tokens", type=int, nargs="+", required=True, help="one per stream")
-    parser.add_argument("--until", type=float, required=True, help="time.monotonic() to stop")
-    parser.add_argument("--unary", action="store_true", help="Complete: no first token times")
+    parser.add_argument("--seconds", type=float, required=True, help="how long to send, once up")
     args = parser.parse_args()
-    until = args.until
+    until = time.monotonic() + args.seconds
     async with MmgateClient(args.target, tenant=args.tenant) as client:
-        done = await asyncio.gather(
-            *(worker(client, t, until, unary=args.unary) for t in args.tokens)
-        )
+        done = await asyncio.gather(*(worker(client, t, until) for t in args.tokens))
     for seen in done:
         for record in seen:
             sys.stdout.write(json.dumps(record) + "\n")

@@ -290,3 +290,33 @@ async def test_a_tenant_that_ran_alone_owes_nothing_when_another_comes() -> None
         await settle()
         granted.append(runs.granted[-1].rstrip("0123456789"))
     assert 3 <= granted.count("light") <= 5, granted
+
+
+async def test_a_run_that_waited_has_a_queue_span_with_its_wait() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from services.observability import spans
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    token = spans.CURRENT_TRACER.set(provider.get_tracer("test"))
+    try:
+        q = queue(slots=1)
+        runs = Runs(q)
+        runs.start("first", "a")  # a slot free: no wait, no span
+        runs.start("second", "b", priority=3)
+        await settle()
+        runs.end("first", after=0.25)
+        await settle()
+        runs.end("second")
+    finally:
+        spans.CURRENT_TRACER.reset(token)
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "queue"
+    assert span.attributes is not None
+    assert span.attributes["mmgate.tenant"] == "b"
+    assert span.attributes["mmgate.priority"] == 3
+    assert span.attributes["mmgate.queue.wait_ms"] == 250.0
