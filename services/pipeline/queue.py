@@ -77,6 +77,7 @@ class _Waiter:
 class _Tenant:
     weight: float
     usage: float = 0.0  # slot-seconds charged / weight: the virtual time of fair queuing
+    pending: float = 0.0  # of usage, the estimates charged to runs still running
     waiting: list[tuple[int, int, _Waiter]] = field(default_factory=list)  # (priority, order, ..)
     depth: int = 0  # waiters not cancelled
     slots: int = 0
@@ -84,6 +85,11 @@ class _Tenant:
     @property
     def active(self) -> bool:
         return self.depth > 0 or self.slots > 0
+
+    @property
+    def settled(self) -> float:
+        """Usage of runs that have ended: it only grows (a run's estimate is no part of it)."""
+        return self.usage - self.pending
 
     def head(self) -> _Waiter | None:
         """The most urgent waiter still waiting (cancelled ones are dropped here)."""
@@ -172,6 +178,7 @@ class EngineQueue:
         state.slots -= slot.cost
         self._figures(slot.tenant).slots -= slot.cost
         state.usage += (held * slot.cost - slot.charged) / state.weight
+        state.pending -= slot.charged / state.weight
         self._estimate += ESTIMATE_WEIGHT * (held - self._estimate)
         self._leave(slot.tenant, state)
         self._grant()
@@ -188,10 +195,12 @@ class EngineQueue:
         return state
 
     def _now(self, leaving: _Tenant | None = None) -> float:
-        """The virtual time: the least usage among active tenants (and ``leaving``, which just
-        ceased to be). It moves on with whoever is served, alone or not, and never back: slots
-        a tenant took while nobody else waited are no debt when another comes."""
-        usages = [s.usage for s in self._tenants.values() if s.active or s is leaving]
+        """The virtual time: the least settled usage among active tenants (and ``leaving``, which
+        just ceased to be). It moves on with whoever is served, alone or not, and never back:
+        slots a tenant took while nobody else waited are no debt when another comes. Settled:
+        the estimates charged to running runs are refunded when they end shorter, so a newcomer
+        started from them would be behind the very tenant it came to share with."""
+        usages = [s.settled for s in self._tenants.values() if s.active or s is leaving]
         if usages:
             self._floor = max(self._floor, min(usages))
         return self._floor
@@ -230,6 +239,7 @@ class EngineQueue:
             now = self.clock()
             charged = self._estimate * waiter.cost
             state.usage += charged / state.weight
+            state.pending += charged / state.weight
             state.slots += waiter.cost
             self.in_use += waiter.cost
             waited = now - waiter.arrived

@@ -110,9 +110,15 @@ async def scrape_until(url: str, ready: Callable[[Scrape], bool], timeout: float
     """Scrape until ``ready`` holds (what the engine reports lands with its next step)."""
     deadline = time.monotonic() + timeout
     while True:
-        current = await scrape(url)
-        if ready(current) or time.monotonic() > deadline:
-            return current
+        try:
+            current = await scrape(url)
+        except ConnectionError:
+            # a server starved of CPU closes a scrape it could not read in time: poll again
+            if time.monotonic() > deadline:
+                raise
+        else:
+            if ready(current) or time.monotonic() > deadline:
+                return current
         await asyncio.sleep(0.1)
 
 
