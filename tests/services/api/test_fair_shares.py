@@ -16,7 +16,7 @@ import contextlib
 import json
 import statistics
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,7 +150,7 @@ async def test_another_tenants_first_token_comes_when_a_slot_frees_not_after_a_w
 
 async def hold(
     server: RunningServer, client: MmgateClient, count: int
-) -> list[asyncio.Future[Stream]]:
+) -> list[asyncio.Task[Stream]]:
     """``count`` of the holder's streams, once they hold every slot they can (the rest wait):
     each holds its slot until cancelled."""
     held = [asyncio.ensure_future(stream(client, 4)) for _ in range(count)]
@@ -165,7 +165,7 @@ async def hold(
     return held
 
 
-async def let_go(held: list[asyncio.Future[Stream]]) -> None:
+async def let_go(held: Sequence[asyncio.Future[Any]]) -> None:
     for call in held:
         call.cancel()
     await asyncio.gather(*held, return_exceptions=True)
