@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(ENGINE)
 HOST ?= 127.0.0.1
 PORT ?= 50051
 
-.PHONY: all install test lint typecheck architecture unit proto manifests settings-table serve mesh bench bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-unary bench-adapters bench-fair-queue bench-observability bench-plots soak reliability-report clean
+.PHONY: all install test lint typecheck architecture unit proto manifests settings-table serve mesh bench bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-unary bench-adapters bench-fair-queue bench-observability bench-plots gpu-check soak reliability-report clean
 
 all: test
 
@@ -171,6 +171,12 @@ bench-adapters: $(STAMP)
 	$(BIN)/python -m bench.adapters --json $(FIGURES)/adapters.json
 
 # the queue in front of the engine: tokens per second with it and without it, alternated
+# The vision encoder on a CUDA machine, with that machine's own Python (torch, transformers,
+# safetensors, Pillow, numpy; no vLLM, no venv): equality with the CPU and images/s by batch.
+GPU_PYTHON ?= python3
+gpu-check:
+	$(GPU_PYTHON) -m bench.gpu_encoder --device cuda --json $(FIGURES)/gpu-encoder.json
+
 bench-fair-queue: $(STAMP)
 	$(BIN)/python -m bench.fair_queue --json $(FIGURES)/fair-queue.json
 

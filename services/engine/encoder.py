@@ -60,6 +60,7 @@ class VisionEncoder:
     """A LLaVA model's vision tower and projector, ready to turn images into embeddings."""
 
     __slots__ = (
+        "_device",
         "_dtype",
         "_feature_layers",
         "_hidden_size",
@@ -78,6 +79,7 @@ class VisionEncoder:
         feature_layers: tuple[int, ...],
         strategy: str,
         dtype: Any,
+        device: Any,
     ) -> None:
         """Use :meth:`load`."""
         self._processor = processor
@@ -86,15 +88,18 @@ class VisionEncoder:
         self._feature_layers = feature_layers
         self._strategy = strategy
         self._dtype = dtype
+        self._device = device
         self._image_tokens = 0
         self._hidden_size = 0
 
     @classmethod
-    def load(cls, model_dir: Path, *, dtype: str) -> VisionEncoder | None:
+    def load(cls, model_dir: Path, *, dtype: str, device: str = "cpu") -> VisionEncoder | None:
         """The encoder of the model at ``model_dir``, or None if it is not a LLaVA model.
 
         ``dtype`` is a torch dtype name (``"float32"``, ``"bfloat16"``, ...) or ``"auto"`` for the
         checkpoint's own; use the one vLLM serves the model in, so that both compute alike.
+        ``device`` is where the tower runs (a torch device: ``"cpu"``, ``"cuda:0"``); what
+        :meth:`encode` returns is on the CPU wherever it ran.
 
         Raises:
             ValueError: a LLaVA model with settings this encoder does not reproduce.
@@ -135,11 +140,12 @@ class VisionEncoder:
         tower_weights, projector_weights = _read_weights(model_dir, max(feature_layers))
         _load(tower, tower_weights, f"{model_dir}: vision tower")
         _load(projector, projector_weights, f"{model_dir}: multi_modal_projector")
-        tower = tower.to(torch_dtype).eval()
-        projector = projector.to(torch_dtype).eval()
+        where = torch.device(device)
+        tower = tower.to(device=where, dtype=torch_dtype).eval()
+        projector = projector.to(device=where, dtype=torch_dtype).eval()
 
         processor = AutoImageProcessor.from_pretrained(model_dir)
-        encoder = cls(processor, tower, projector, feature_layers, strategy, torch_dtype)
+        encoder = cls(processor, tower, projector, feature_layers, strategy, torch_dtype, where)
         # One blank image: checks the whole path once and measures the output exactly.
         size = vision_config.image_size
         from PIL import Image
@@ -162,19 +168,36 @@ class VisionEncoder:
     def dtype(self) -> torch.dtype:
         return self._dtype
 
+    @property
+    def device(self) -> torch.device:
+        """Where the tower runs."""
+        return self._device
+
     def encode(self, images: Sequence[Image.Image]) -> torch.Tensor:
         """Embeddings of ``images``, shape ``(len(images), image_tokens, hidden_size)``, on CPU.
 
-        Synchronous and CPU-bound (about 3 ms an image for the tiny model on two cores): call it
-        from a worker thread. Thread-safe. The result is an inference tensor (read-only to
-        autograd), which vLLM takes as it is.
+        Synchronous (about 3 ms an image for the tiny model on two CPU cores): call it from a
+        worker thread. Thread-safe. The result is an inference tensor (read-only to autograd),
+        which vLLM takes as it is; on the CPU wherever the tower ran, so a cache never holds
+        device memory.
         """
         import torch
 
         if not images:
             return torch.empty((0, self._image_tokens, self._hidden_size), dtype=self._dtype)
+        return self.forward(self.pixels(images)).to("cpu")
+
+    def pixels(self, images: Sequence[Image.Image]) -> torch.Tensor:
+        """The image processor's pixel values for ``images``, on the tower's device and dtype."""
         batch = self._processor(images=list(images), return_tensors="pt")
-        pixel_values = batch["pixel_values"].to(self._dtype)
+        values: torch.Tensor = batch["pixel_values"].to(device=self._device, dtype=self._dtype)
+        return values
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """The tower and projector on pixel values already in place: embeddings on the device
+        (the bare cost of an encode, without the processor and the copy back)."""
+        import torch
+
         with torch.inference_mode():
             outputs = self._tower(pixel_values, output_hidden_states=True, return_dict=True)
             features = [outputs.hidden_states[index] for index in self._feature_layers]
