@@ -125,17 +125,29 @@ async def queued(server: RunningServer, tenant: str, depth: int) -> Scrape:
 async def test_another_tenants_first_token_comes_when_a_slot_frees_not_after_a_whole_share(
     fair_server: RunningServer, tenants: dict[str, MmgateClient]
 ) -> None:
-    """The probe: A holds its whole share of long streams (4 in the engine, 20 in mmgate's
-    queue); B's first request starts as soon as the first of A's runs ends."""
-    held = [asyncio.ensure_future(stream(tenants["a"], LONG)) for _ in range(SHARE)]
-    await queued(fair_server, "a", SHARE - SLOTS)
+    """The probe: A holds its whole share of long requests (4 in the engine, 44 in mmgate's
+    queue); B's first request starts as soon as the first of A's runs ends. Long (512 tokens,
+    unary to spare the test's process): A's queue must outlast the scrape that sees it on a
+    loaded host."""
+    tokens = 8 * LONG
+
+    async def long_request() -> inference_pb2.GenerateFinal:
+        answer = await tenants["a"].complete("Tell me a story", max_tokens=tokens, ignore_eos=True)
+        assert answer.final.usage.completion_tokens == tokens
+        return answer.final
+
+    held = [asyncio.ensure_future(long_request()) for _ in range(SHARE)]
+    found = await scrape_until(
+        fair_server.metrics_url,
+        lambda s: s.value("mmgate_queue_depth", tenant="a") >= SHARE - 2 * SLOTS,
+    )
+    assert found.value("mmgate_queue_depth", tenant="a") >= SHARE - 2 * SLOTS, found.text
     b = await stream(tenants["b"], 4)
     a = await asyncio.gather(*held)
-    assert all(s.final is not None and s.final.usage.completion_tokens == LONG for s in a)
     assert b.final is not None
     # the server's own figures (the clients' clocks stall for seconds on a loaded 2-core host):
     # A's 5th request waited until the first of A's running requests ended
-    waits = sorted(s.final.queue_ms for s in a if s.final is not None)
+    waits = sorted(final.queue_ms for final in a)
     first_end, last = waits[SLOTS], waits[-1]
     print(
         f"B waited {b.final.queue_ms:.0f} ms for a slot (first token {b.ttft * 1000:.0f} ms "
@@ -143,7 +155,7 @@ async def test_another_tenants_first_token_comes_when_a_slot_frees_not_after_a_w
         f"A's last request waited {last:.0f} ms"
     )
     # B's run started when a slot first came free after it came, not after A's queue: without
-    # mmgate's queue B waited in the engine's behind all 20 of A's
+    # mmgate's queue B waited in the engine's behind all 44 of A's
     assert b.final.queue_ms <= 1.5 * first_end + 50
     assert last > 3 * b.final.queue_ms
 
