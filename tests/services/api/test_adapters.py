@@ -69,12 +69,18 @@ async def test_two_adapters_and_the_base_model_in_one_batch(
 ) -> None:
     names = ("", "a1", "a2")
     async with caller(adapters_server, "alpha") as alpha:
-        alone = [(await answer(alpha, name, max_tokens=12)).text for name in names]
+        alone = [await answer(alpha, name, max_tokens=12) for name in names]
         together = await asyncio.gather(*(answer(alpha, name, max_tokens=12) for name in names))
-    assert len(set(alone)) == 3, alone
+    assert len({response.text for response in alone}) == 3, alone
     # vLLM's CPU kernels gave a base-model row in such a batch an adapter's weights: the base
     # model's answer here is the proof that its null adapter keeps it apart
-    assert [response.text for response in together] == alone
+    assert together[0].text == alone[0].text
+    # each adapter's row its own weights: its answer starts as it does alone. Not compared whole:
+    # in bfloat16 (dtype auto on a CPU with it) a batch's shape moves the adapters' sums enough
+    # for a near tie to fall the other way a few tokens in (seen: the 10th of 12)
+    for batched, single in zip(together[1:], alone[1:], strict=True):
+        assert batched.token_ids[:4] == single.token_ids[:4], (batched.text, single.text)
+    assert len({tuple(response.token_ids[:4]) for response in together}) == 3, together
     metrics = await scrape(adapters_server.metrics_url)
     for name in ("base", "a1", "a2"):
         assert metrics.value("mmgate_adapter_requests_total", adapter=name) >= 2
