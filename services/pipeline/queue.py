@@ -31,7 +31,7 @@ import contextlib
 import heapq
 import itertools
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Final, final
 
@@ -285,12 +285,6 @@ class EngineQueue:
             for name, f in self._stats.items()
         }
         return QueueStats(self.slots or 0, self.in_use, tenants)
-
-    def waiting(self) -> Iterator[tuple[str, int]]:
-        """Each tenant with requests waiting now, and how many."""
-        for name, state in self._tenants.items():
-            if state.depth:
-                yield name, state.depth
 
 
 __all__ = ["ESTIMATE_WEIGHT", "FIRST_ESTIMATE_SECONDS", "OTHER_TENANTS", "EngineQueue", "Slot"]
