@@ -377,6 +377,7 @@ class MediaStats:
     encode_seconds: float = 0.0
     rejected: int = 0
     not_held: int = 0
+    encode_batches: int = 0
 
 
 @final

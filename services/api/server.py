@@ -208,7 +208,13 @@ class MmgateServer:
         if not engine.model_path:
             # the first start converts the embedded default model (~20 s): off the loop
             engine.use_model(await asyncio.to_thread(resolve_model, self.settings))
-        plan = await asyncio.to_thread(plan_media, media, engine.model_path, engine.dtype)
+        plan = await asyncio.to_thread(
+            plan_media,
+            media,
+            engine.model_path,
+            engine.dtype,
+            device_share=self.settings.engine.gpu_memory_utilization,
+        )
         plan.configure(engine)
         if self.tier is not None:
             namespace = await asyncio.to_thread(

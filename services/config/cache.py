@@ -78,8 +78,19 @@ class MediaSettings(BaseModel):
     model_config = ConfigDict(use_attribute_docstrings=True)
 
     mode: Literal["auto", "embeddings", "pixels"] = "auto"
-    """auto: cache encoder outputs where mmgate can run the model's vision encoder (LLaVA family),
-    else cache decoded images and let the engine encode them."""
+    """auto: cache encoder outputs where mmgate can run the model's vision encoder (LLaVA family)
+    and it takes at least auto_min_encode_ms an image, else cache decoded images and let the
+    engine encode them."""
+    auto_min_encode_ms: float = Field(5.0, ge=0)
+    """auto: the encoder time per image (measured at start, on the engine's device) below which
+    mmgate leaves encoding to the engine: a tower that fast saves less on a repeat than handing
+    its output over costs on every new image (docs/images.md)."""
+    encode_batch: int = Field(8, gt=0)
+    """Most images in one run of the vision encoder: encodes of different images that wait at
+    the same time run together (embeddings mode)."""
+    encode_window_ms: float = Field(0.0, ge=0, le=1000)
+    """How long a batch waits for more images once it could run; 0: it takes what waits, so a
+    lone image never waits (images still batch while the encoder is busy)."""
     max_images_per_request: int = Field(16, gt=0)
     """Most images in one request."""
     max_image_bytes: int = Field(10 * MiB, gt=0)

@@ -62,6 +62,10 @@ class EngineSettings(BaseModel):
     """Reuse KV blocks of shared prompt prefixes."""
     kv_cache_memory_bytes: int | None = Field(1024 * MiB, gt=0)
     """KV cache size; vLLM's CPU worker refuses to start without it."""
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    """On a GPU: the share of the device's memory that the engine and mmgate's vision encoder
+    take together; the encoder's measured need is taken out of it, the rest is vLLM's
+    gpu_memory_utilization (docs/images.md). Unused on the CPU."""
     tensor_parallel_size: int = Field(1, gt=0)
     """Devices one model is split over."""
     enforce_eager: bool = True

@@ -64,6 +64,7 @@ class VisionEncoder:
         "_dtype",
         "_feature_layers",
         "_hidden_size",
+        "_image_size",
         "_image_tokens",
         "_processor",
         "_projector",
@@ -91,6 +92,7 @@ class VisionEncoder:
         self._device = device
         self._image_tokens = 0
         self._hidden_size = 0
+        self._image_size = 0
 
     @classmethod
     def load(cls, model_dir: Path, *, dtype: str, device: str = "cpu") -> VisionEncoder | None:
@@ -147,10 +149,8 @@ class VisionEncoder:
         processor = AutoImageProcessor.from_pretrained(model_dir)
         encoder = cls(processor, tower, projector, feature_layers, strategy, torch_dtype, where)
         # One blank image: checks the whole path once and measures the output exactly.
-        size = vision_config.image_size
-        from PIL import Image
-
-        probe = encoder.encode([Image.new("RGB", (size, size))])
+        encoder._image_size = int(vision_config.image_size)
+        probe = encoder.encode(encoder.blank_images(1))
         encoder._image_tokens, encoder._hidden_size = int(probe.shape[1]), int(probe.shape[2])
         return encoder
 
@@ -172,6 +172,19 @@ class VisionEncoder:
     def device(self) -> torch.device:
         """Where the tower runs."""
         return self._device
+
+    @property
+    def weight_bytes(self) -> int:
+        """What the tower's and the projector's weights hold on the device."""
+        modules = (self._tower, self._projector)
+        return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
+
+    def blank_images(self, count: int) -> list[Image.Image]:
+        """``count`` black images of the tower's own size: probes for timing and memory."""
+        from PIL import Image
+
+        size = self._image_size
+        return [Image.new("RGB", (size, size)) for _ in range(count)]
 
     def encode(self, images: Sequence[Image.Image]) -> torch.Tensor:
         """Embeddings of ``images``, shape ``(len(images), image_tokens, hidden_size)``, on CPU.

@@ -70,6 +70,8 @@ class EngineWorker:
         self._image_limit: int | None = None
         self._image_embeddings = False
         self._by_priority = False
+        # the engine's share of its GPU once mmgate's vision encoder took its own (placement.py)
+        self.device_share = settings.gpu_memory_utilization
         # what dtype=auto decides from: injectable (tests stand in another CPU and its verdicts)
         self.cpu: Cpu | None = None
         self.verdicts = Verdicts(default_model_cache() / VERDICTS_FILE)
@@ -144,6 +146,8 @@ class EngineWorker:
             kwargs["stream_interval"] = s.stream_interval
         if s.kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = s.kv_cache_memory_bytes
+        if not self._on_cpu():
+            kwargs["gpu_memory_utilization"] = self.device_share
         if self._image_limit is not None:
             kwargs["limit_mm_per_prompt"] = {"image": self._image_limit}
             # mmgate's encoder-output cache hands vLLM image embeddings instead of pixels

@@ -170,6 +170,7 @@ _MEDIA_COUNTERS = (
         "Images run through the vision encoder by mmgate (embeddings mode).",
     ),
     ("mmgate_media_encode_seconds_total", "encode_seconds", "Time spent in the vision encoder."),
+    ("mmgate_media_encode_batches_total", "encode_batches", "Runs of the vision encoder."),
     (
         "mmgate_media_rejected_total",
         "rejected",

@@ -12,7 +12,8 @@ started runs to its end (DESIGN: the flight does not belong to the caller who le
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import Literal, TypeVar, final, get_args
 
 import anyio.to_thread
@@ -40,13 +41,24 @@ class ThreadPools:
 
     async def run(self, pool: Pool, work: Callable[..., T], *args: object) -> T:
         """``work(*args)`` in a thread once ``pool`` has capacity for it."""
+        async with self.capacity(pool):
+            return await self.in_thread(work, *args)
+
+    @contextlib.asynccontextmanager
+    async def capacity(self, pool: Pool) -> AsyncIterator[None]:
+        """One of ``pool``'s threads, held for the block: for work that is chosen only once a
+        thread is free (a batch of encodes), run with :meth:`in_thread`."""
         limiter = self.limiters[pool]
         with waiting_to_start():
             await limiter.acquire()
         try:
-            return await anyio.to_thread.run_sync(work, *args, limiter=self._threads)
+            yield
         finally:
             limiter.release()
+
+    async def in_thread(self, work: Callable[..., T], *args: object) -> T:
+        """``work(*args)`` in a thread, under a pool's :meth:`capacity` held by the caller."""
+        return await anyio.to_thread.run_sync(work, *args, limiter=self._threads)
 
     def stats(self) -> tuple[ThreadPoolStats, ...]:
         out = []

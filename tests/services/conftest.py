@@ -110,6 +110,8 @@ async def llava_in_process(
             "adapters": {"lm": llava_adapters / "language"},
             "adapter_root": llava_adapters,
         },
+        # embeddings mode by name: auto leaves a tower this fast to the engine
+        media={"mode": "embeddings"},
         metrics={"port": 0},
         tracing={
             "endpoint": f"127.0.0.1:{receiver.port}",

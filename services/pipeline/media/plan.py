@@ -1,17 +1,21 @@
 """The media plan: what a model's images need, read from its files before the engine starts, and
 the media stage built from it once the engine has.
 
-    plan_media(settings, model, dtype)   (a thread: it reads the model's files, loads the encoder)
-        ─▶ MediaPlan(encoder, placeholder tokens, shrink)
+    plan_media(settings, model, dtype)   (a thread: it reads the model's files, loads the encoder
+        │                                 on the engine's device, measures what it needs there)
+        ─▶ MediaPlan(encoder, placeholder tokens, shrink, the engine's share of its device)
         ─▶ plan.configure(engine)  ─▶ the engine starts  ─▶ plan.stage(...): the MediaStage
 
 mode ``pixels`` never loads the encoder; ``embeddings`` must (or the server does not start);
-``auto`` runs it where mmgate reproduces it (the LLaVA family) and leaves the rest to vLLM.
+``auto`` runs it where mmgate reproduces it (the LLaVA family) and it is slow enough for its
+cache to pay (``auto_min_encode_ms``, timed here), and leaves the rest to vLLM.
 """
 
 from __future__ import annotations
 
 import logging
+import statistics
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, final
@@ -19,6 +23,7 @@ from typing import TYPE_CHECKING, final
 from cache_actor import CacheActor
 
 from ...config import MediaSettings
+from ...engine.placement import Accelerators, EncoderMemory, engine_share
 from ...models import image_tokens, model_config
 from ..chaos import NoChaos
 from ..threads import ThreadPools
@@ -42,6 +47,8 @@ class MediaPlan:
     encoder: VisionEncoder | None  # the vision encoder mmgate runs (embeddings mode)
     placeholder_tokens: int  # the tokens one image placeholder takes in the engine
     shrink: ProcessorShrink | None  # decoded images at the processor's size, where exact
+    device_share: float  # the engine's share of its GPU, the encoder's need taken out
+    encoder_memory: EncoderMemory | None = None  # what the encoder holds on a GPU
 
     @property
     def encoder_dtype(self) -> str | None:
@@ -49,6 +56,7 @@ class MediaPlan:
 
     def configure(self, engine: EngineWorker) -> None:
         """Before the engine starts: how many images a prompt may take, and in which form."""
+        engine.device_share = self.device_share
         if self.vision_tower:
             engine.accept_images(
                 per_prompt=self.settings.max_images_per_request,
@@ -72,21 +80,43 @@ class MediaPlan:
         )
 
 
-def plan_media(settings: MediaSettings, model: str, dtype: str) -> MediaPlan:
-    """The plan for ``model`` (a local folder) whose engine runs in ``dtype``; in a thread."""
+def plan_media(
+    settings: MediaSettings,
+    model: str,
+    dtype: str,
+    *,
+    device_share: float = 0.9,
+    accelerators: Accelerators | None = None,
+) -> MediaPlan:
+    """The plan for ``model`` (a local folder) whose engine runs in ``dtype`` and may take
+    ``device_share`` of its GPU (with the encoder); in a thread.
+
+    Raises:
+        EncoderDoesNotFit: the encoder would leave the engine too little of its GPU.
+    """
     config = model_config(model)
     if "vision_config" not in config:
         return MediaPlan(
-            settings, vision_tower=False, encoder=None, placeholder_tokens=1, shrink=None
+            settings,
+            vision_tower=False,
+            encoder=None,
+            placeholder_tokens=1,
+            shrink=None,
+            device_share=device_share,
         )
     # torch is the engine's: loaded here only for a vision model
     from ...engine.encoder import VisionEncoder
+    from ...engine.placement import TorchAccelerators
     from ...engine.shrink import ProcessorShrink
 
+    accelerators = accelerators if accelerators is not None else TorchAccelerators()
+    device = accelerators.engine_device()
     encoder = None
     if settings.mode != "pixels":
         try:
-            encoder = VisionEncoder.load(Path(model), dtype=settings.encoder_dtype or dtype)
+            encoder = VisionEncoder.load(
+                Path(model), dtype=settings.encoder_dtype or dtype, device=device or "cpu"
+            )
         except (ValueError, OSError) as exc:
             if settings.mode == "embeddings":
                 raise
@@ -97,13 +127,67 @@ def plan_media(settings: MediaSettings, model: str, dtype: str) -> MediaPlan:
                 f"media mode 'embeddings': mmgate cannot run the vision encoder of {model} "
                 "(LLaVA-family models only); use 'auto' or 'pixels'"
             )
+    if encoder is not None and settings.mode == "auto" and not _pays(encoder, settings):
+        encoder = None
+    memory = None
+    if encoder is not None and device is not None:
+        memory = _measure(encoder, accelerators, device, settings.encode_batch)
+        log.info("%s", memory.describe())
     return MediaPlan(
         settings,
         vision_tower=True,
         encoder=encoder,
         placeholder_tokens=image_tokens(config),
         shrink=ProcessorShrink.load(Path(model)) if settings.shrink_images else None,
+        device_share=engine_share(device_share, memory),
+        encoder_memory=memory,
     )
 
 
-__all__ = ["MediaPlan", "plan_media"]
+def encode_ms(encoder: VisionEncoder, runs: int = 3) -> float:
+    """The encoder's time for one image, processor included: the median of ``runs`` (the first
+    run, in load(), warmed it)."""
+    (image,) = encoder.blank_images(1)
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        encoder.encode([image])
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+def _pays(encoder: VisionEncoder, settings: MediaSettings) -> bool:
+    """auto: whether caching this encoder's output pays for handing it over, logged with why."""
+    took = encode_ms(encoder)
+    bound = settings.auto_min_encode_ms
+    if took < bound:
+        log.info(
+            "media mode auto chose pixels: the vision encoder takes %.2f ms an image on %s, "
+            "under MMGATE_MEDIA__AUTO_MIN_ENCODE_MS (%g ms); caching its output would save "
+            "less than handing it to the engine costs on every new image",
+            took,
+            encoder.device,
+            bound,
+        )
+        return False
+    log.info(
+        "media mode auto chose embeddings: the vision encoder takes %.2f ms an image on %s "
+        "(MMGATE_MEDIA__AUTO_MIN_ENCODE_MS %g ms)",
+        took,
+        encoder.device,
+        bound,
+    )
+    return True
+
+
+def _measure(
+    encoder: VisionEncoder, accelerators: Accelerators, device: str, batch: int
+) -> EncoderMemory:
+    """The encoder's weights and the activations of its largest batch on ``device``."""
+    images = encoder.blank_images(batch)
+    activations = accelerators.peak_bytes(device, lambda: encoder.forward(encoder.pixels(images)))
+    _, total = accelerators.memory(device)
+    return EncoderMemory(device, encoder.weight_bytes, activations, total)
+
+
+__all__ = ["MediaPlan", "encode_ms", "plan_media"]

@@ -6,7 +6,8 @@
                         DecodedImage, cached; a digest with no bytes can only hit: NOT_FOUND
                                                                    │
     "embedding" flight  (EmbeddingsStage) the model's processor, vision tower and    (thread)
-                        projector, run by mmgate: Embedding, cached
+                        projector, run by mmgate, images waiting together in one batch
+                        (batching.py): Embedding, cached
                                                                    ▼
     EngineImages(form, items, uuids = digests) ──▶ engine: multi_modal_data + multi_modal_uuids
 
@@ -54,6 +55,7 @@ from ...wire import digest_of
 from ..chaos import NoChaos
 from ..request import EMBEDDING_TIER, MEMORY_ONLY, seconds_left
 from ..threads import ThreadPools
+from .batching import EncodeBatcher
 from .codec import DecodedImage, decode
 
 if TYPE_CHECKING:
@@ -317,6 +319,12 @@ class EmbeddingsStage(PixelsStage):
             chaos=chaos,
         )
         self.encoder = encoder
+        self.batcher = EncodeBatcher(
+            encoder.encode,
+            threads,
+            max_batch=settings.encode_batch,
+            window_seconds=settings.encode_window_ms / 1000,
+        )
 
     def embedding_key(self, digest: str) -> str:
         # the model's name stands for its tower, feature layer and projector; dtype is ours
@@ -337,9 +345,12 @@ class EmbeddingsStage(PixelsStage):
             decoded = (await self._decoded(source, tenant, deadline)).value
             await self.chaos.inject("encode", tenant)
             started = time.perf_counter()
-            with span("media.encode", {"mmgate.image.tokens": encoder.image_tokens}):
-                tensor = (await self.threads.run("encode", encoder.encode, [decoded.image]))[0]
+            with span("media.encode", {"mmgate.image.tokens": encoder.image_tokens}) as traced:
+                tensor, batch = await self.batcher.encode(decoded.image)
+                if traced is not None:
+                    traced.set_attribute("mmgate.encode.batch", batch)
             self.stats.encodes += 1
+            self.stats.encode_batches = self.batcher.batches
             self.stats.encode_seconds += time.perf_counter() - started
             return Embedding(tensor)
 

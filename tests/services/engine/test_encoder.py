@@ -174,6 +174,26 @@ async def test_embeddings_give_the_same_answer_as_pixels(
 
 
 @shared_loop
+async def test_a_batch_gives_each_image_its_own_embeddings_and_answer(
+    engine: Any, encoder: VisionEncoder, tiny_llava: Path
+) -> None:
+    """What mmgate's batching does (services/pipeline/media/batching.py): images of different
+    requests through one run of the encoder, each request given its own row."""
+    ids = prompt_ids(tiny_llava)
+    images = list(IMAGES.values()) + [noise(seed) for seed in range(10, 13)]
+    alone = [await asyncio.to_thread(encoder.encode, [image]) for image in images]
+    together = await asyncio.to_thread(encoder.encode, images)
+    assert together.shape == (len(images), encoder.image_tokens, encoder.hidden_size)
+    for index, single in enumerate(alone):
+        # float32: batch shapes change the kernels' summation order, not more
+        torch.testing.assert_close(together[index], single[0], rtol=1e-5, atol=1e-5)
+    for index, single in enumerate(alone):
+        from_single = await greedy(engine, request(ids, single, [f"single-{index}"]))
+        from_batch = await greedy(engine, request(ids, together[index : index + 1], [f"b-{index}"]))
+        assert from_batch.outputs[0].token_ids == from_single.outputs[0].token_ids, index
+
+
+@shared_loop
 async def test_several_images_in_one_prompt(
     engine: Any, encoder: VisionEncoder, tiny_llava: Path
 ) -> None:

@@ -125,20 +125,22 @@ class EngineCacheStats(_message.Message):
     def __init__(self, prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., prefix_cache_hit_ratio: _Optional[float] = ..., requests: _Optional[int] = ..., requests_with_cached_prefix: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., aborted: _Optional[int] = ...) -> None: ...
 
 class MediaStats(_message.Message):
-    __slots__ = ("decodes", "decode_seconds", "encodes", "encode_seconds", "rejected", "not_held")
+    __slots__ = ("decodes", "decode_seconds", "encodes", "encode_seconds", "rejected", "not_held", "encode_batches")
     DECODES_FIELD_NUMBER: _ClassVar[int]
     DECODE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ENCODES_FIELD_NUMBER: _ClassVar[int]
     ENCODE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     NOT_HELD_FIELD_NUMBER: _ClassVar[int]
+    ENCODE_BATCHES_FIELD_NUMBER: _ClassVar[int]
     decodes: int
     decode_seconds: float
     encodes: int
     encode_seconds: float
     rejected: int
     not_held: int
-    def __init__(self, decodes: _Optional[int] = ..., decode_seconds: _Optional[float] = ..., encodes: _Optional[int] = ..., encode_seconds: _Optional[float] = ..., rejected: _Optional[int] = ..., not_held: _Optional[int] = ...) -> None: ...
+    encode_batches: int
+    def __init__(self, decodes: _Optional[int] = ..., decode_seconds: _Optional[float] = ..., encodes: _Optional[int] = ..., encode_seconds: _Optional[float] = ..., rejected: _Optional[int] = ..., not_held: _Optional[int] = ..., encode_batches: _Optional[int] = ...) -> None: ...
 
 class EngineHealth(_message.Message):
     __slots__ = ("state", "in_flight", "seconds_since_step", "stalls")
