@@ -61,6 +61,7 @@ from .service import Mmgate, percentile
 
 MAX_TOKENS = 8
 BURST = 8
+BURSTS = 3  # per case, one after the other: the first of a server's bursts shows warm-up
 SIZE = (1024, 768)
 SYSTEM = (
     "You are a careful assistant for a photo library. Describe what a picture shows: the main "
@@ -78,6 +79,7 @@ class Figures:
     sent: list[int] = field(default_factory=list)
     wall: float = 0.0
     counts: dict[str, float] = field(default_factory=dict)
+    each: list[float] = field(default_factory=list)  # a burst's p50, burst by burst (ms)
 
     def ms(self, q: float) -> float:
         return percentile(self.ttft, q) * 1000
@@ -90,6 +92,7 @@ class Figures:
             "requests_per_s": len(self.ttft) / self.wall if self.wall else float("nan"),
             "bytes_per_request": sum(self.sent) / len(self.sent) if self.sent else 0,
             "counts": self.counts,
+            "p50_each_ms": self.each,
         }
 
 
@@ -107,11 +110,10 @@ def question(n: int) -> str:
 
 
 class MmgateSide:
-    name = "mmgate"
-
-    def __init__(self, model: Path, engine: dict[str, Any]) -> None:
+    def __init__(self, model: Path, engine: dict[str, Any], mode: str = "embeddings") -> None:
+        self.name = "mmgate" if mode == "embeddings" else f"mmgate-{mode}"
         env = {
-            "MMGATE_MEDIA__MODE": "embeddings",
+            "MMGATE_MEDIA__MODE": mode,
             "MMGATE_ENGINE__MAX_MODEL_LEN": str(engine["max_model_len"]),
             "MMGATE_ENGINE__KV_CACHE_MEMORY_BYTES": str(engine["kv_cache_memory_bytes"]),
             "MMGATE_ENGINE__DTYPE": engine["dtype"],
@@ -261,12 +263,17 @@ async def run_case(
 
     burst = Figures()
     before = await side.counts()
-    same = image(first_seed + 10_000)
-    started = time.perf_counter()
-    answers = await asyncio.gather(*(side.ask(same, case.layout, 1000 + n) for n in range(BURST)))
-    burst.wall = time.perf_counter() - started
-    burst.ttft = [ttft for ttft, _ in answers]
-    burst.sent = [sent for _, sent in answers]
+    for k in range(BURSTS):  # each with a new image of its own
+        same = image(first_seed + 10_000 + k)
+        started = time.perf_counter()
+        answers = await asyncio.gather(
+            *(side.ask(same, case.layout, 1000 + 100 * k + n) for n in range(BURST))
+        )
+        burst.wall += time.perf_counter() - started
+        ttfts = [ttft for ttft, _ in answers]
+        burst.ttft += ttfts
+        burst.each.append(percentile(ttfts, 0.5) * 1000)
+        burst.sent += [sent for _, sent in answers]
     burst.counts = subtract(await side.counts(), before)
     return figures, burst
 
@@ -274,6 +281,8 @@ async def run_case(
 def make_side(name: str, model: Path, engine: dict[str, Any]) -> Side:
     if name == "mmgate":
         return MmgateSide(model, engine)
+    if name.startswith("mmgate-"):
+        return MmgateSide(model, engine, mode=name.removeprefix("mmgate-"))
     return VllmSide(model, engine, uuids=name == "vllm-uuid")
 
 
@@ -320,62 +329,104 @@ async def main(args: argparse.Namespace) -> None:
             for w in args.working_sets
             for r in args.repeats
         ]
-        results: dict[str, dict[str, Any]] = {}
+        runs: list[dict[str, dict[str, Any]]] = []
         images: dict[int, bytes] = {}
-        for name in args.contenders:
-            side = make_side(name, model, engine)
-            try:
-                start_s = await side.start()
-                print(f"{name}: serving in {start_s:.1f} s", flush=True)
-                for warm in range(3):  # the engine's and the client's first requests
-                    await side.ask(photo(900_000 + warm, SIZE), "shared", -100 - warm)
-                for k, case in enumerate(cases):
-                    figures, burst = await run_case(
-                        side, case, args.requests, 1_000 + 100_000 * k, images
-                    )
-                    results.setdefault(case.label, {})[name] = {
-                        "run": figures.summary(),
-                        "burst": burst.summary(),
-                    }
-                    print(
-                        f"  {name:<12} {case.label:<34} TTFT p50 {figures.ms(0.5):8.1f} ms "
-                        f"p99 {figures.ms(0.99):8.1f} ms  {figures.summary()['requests_per_s']:.2f}"
-                        f" req/s  {figures.summary()['bytes_per_request']:9.0f} B/req  "
-                        f"{figures.counts}  | burst of {BURST}: p50 {burst.ms(0.5):.1f} ms "
-                        f"{burst.counts}",
-                        flush=True,
-                    )
-                rss = tree_rss_bytes(side.server.pid)  # type: ignore[attr-defined]
-                results.setdefault("_servers", {})[name] = {"start_s": start_s, "rss_bytes": rss}
-            finally:
-                await side.close()
-    report(results, args)
+        for run in range(args.runs):
+            results: dict[str, dict[str, Any]] = {}
+            runs.append(results)
+            # the contenders in a turned order each run: no side always goes first
+            turn = run % len(args.contenders)
+            for name in args.contenders[turn:] + args.contenders[:turn]:
+                await run_side(name, model, engine, cases, args, images, results)
+            report(results, f"run {run + 1} of {args.runs}")
+        if len(runs) > 1:
+            agreement(runs)
     print(f"\nwhole run: {time.perf_counter() - started:.0f} s")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        about = {"model": args.model, "requests": args.requests, "encoder_cache_tokens": cache}
-        args.json.write_text(json.dumps({"about": about, "results": results}, indent=1))
+        about = {
+            "model": args.model,
+            "requests": args.requests,
+            "encoder_cache_tokens": cache,
+            "runs": args.runs,
+        }
+        # "results": the first run (what bench/plots.py tables), "runs": every one
+        document = {"about": about, "results": runs[0], "runs": runs}
+        args.json.write_text(json.dumps(document, indent=1))
         print(f"figures written to {args.json}")
 
 
-def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
-    print("\nTTFT p50, vLLM's server / mmgate (above 1: mmgate is faster)")
+async def run_side(
+    name: str,
+    model: Path,
+    engine: dict[str, Any],
+    cases: list[Case],
+    args: argparse.Namespace,
+    images: dict[int, bytes],
+    results: dict[str, dict[str, Any]],
+) -> None:
+    """One contender on a fresh server through every case."""
+    side = make_side(name, model, engine)
+    try:
+        start_s = await side.start()
+        print(f"{name}: serving in {start_s:.1f} s", flush=True)
+        for warm in range(3):  # the engine's and the client's first requests
+            await side.ask(photo(900_000 + warm, SIZE), "shared", -100 - warm)
+        for k, case in enumerate(cases):
+            figures, burst = await run_case(side, case, args.requests, 1_000 + 100_000 * k, images)
+            results.setdefault(case.label, {})[name] = {
+                "run": figures.summary(),
+                "burst": burst.summary(),
+            }
+            print(
+                f"  {name:<13} {case.label:<34} TTFT p50 {figures.ms(0.5):8.1f} ms "
+                f"p99 {figures.ms(0.99):8.1f} ms  {figures.summary()['requests_per_s']:.2f}"
+                f" req/s  {figures.summary()['bytes_per_request']:9.0f} B/req  "
+                f"{figures.counts}  | bursts of {BURST}: p50 "
+                f"{' '.join(f'{ms:.0f}' for ms in burst.each)} ms {burst.counts}",
+                flush=True,
+            )
+        rss = tree_rss_bytes(side.server.pid)  # type: ignore[attr-defined]
+        results.setdefault("_servers", {})[name] = {"start_s": start_s, "rss_bytes": rss}
+    finally:
+        await side.close()
+
+
+def ratios(results: dict[str, dict[str, Any]]) -> dict[tuple[str, str, str], float]:
+    """(case, "mmgate side vs vLLM side", figure) -> ratio, above 1 where mmgate's side is
+    better: vLLM's TTFT p50 / mmgate's, mmgate's requests/s / vLLM's."""
+    out: dict[tuple[str, str, str], float] = {}
     for label, sides in results.items():
-        if label.startswith("_") or "mmgate" not in sides:
+        if label.startswith("_"):
             continue
-        mine = sides["mmgate"]["run"]["ttft_p50_ms"]
-        ratios = [
-            f"{name} {sides[name]['run']['ttft_p50_ms'] / mine:6.2f}x"
-            for name in sides
-            if name != "mmgate"
-        ]
-        burst_mine = sides["mmgate"]["burst"]["ttft_p50_ms"]
-        bursts = [
-            f"{name} {sides[name]['burst']['ttft_p50_ms'] / burst_mine:.2f}x"
-            for name in sides
-            if name != "mmgate"
-        ]
-        print(f"  {label:<34} {'  '.join(ratios)}   burst: {'  '.join(bursts)}")
+        for mine in (name for name in sides if name.startswith("mmgate")):
+            for theirs in (name for name in sides if name.startswith("vllm")):
+                ours, other = sides[mine]["run"], sides[theirs]["run"]
+                pair = f"{mine} vs {theirs}"
+                out[(label, pair, "TTFT p50")] = other["ttft_p50_ms"] / ours["ttft_p50_ms"]
+                out[(label, pair, "req/s")] = ours["requests_per_s"] / other["requests_per_s"]
+    return out
+
+
+def report(results: dict[str, dict[str, Any]], title: str) -> None:
+    print(f"\n{title}: vLLM's TTFT p50 / mmgate's, mmgate's req/s / vLLM's (above 1: mmgate's)")
+    for (label, pair, figure), value in ratios(results).items():
+        print(f"  {label:<34} {pair:<30} {figure:<9} {value:6.2f}x")
+
+
+def agreement(runs: list[dict[str, dict[str, Any]]]) -> None:
+    """Each ratio across the runs, and how far apart they are (max / min - 1)."""
+    print(f"\neach ratio over {len(runs)} runs: values, spread (max / min - 1)")
+    every = [ratios(results) for results in runs]
+    worst = 0.0
+    for key in every[0]:
+        values = [found[key] for found in every if key in found]
+        spread = max(values) / min(values) - 1
+        worst = max(worst, spread)
+        label, pair, figure = key
+        shown = " ".join(f"{v:.2f}" for v in values)
+        print(f"  {label:<34} {pair:<30} {figure:<9} {shown}  spread {spread:.0%}")
+    print(f"  widest spread: {worst:.0%}")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -389,9 +440,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--contenders",
         nargs="+",
-        choices=["mmgate", "vllm-base64", "vllm-uuid"],
+        choices=["mmgate", "mmgate-auto", "mmgate-pixels", "vllm-base64", "vllm-uuid"],
         default=["mmgate", "vllm-base64", "vllm-uuid"],
     )
+    parser.add_argument("--runs", type=int, default=1, help="whole runs, contenders turned")
     parser.add_argument("--json", type=Path, default=None)
     return parser.parse_args(argv)
 
