@@ -58,6 +58,7 @@ def render_stats(stats: cache_pb2.GetStatsResponse) -> str:
     ]
     media = [
         ("images decoded, encoded", f"{m.decodes:,}, {m.encodes:,}"),
+        ("encoder runs (batches)", f"{m.encode_batches:,}"),
         ("refused, not held", f"{m.rejected:,}, {m.not_held:,}"),
         ("hit ratio per stage", "not in GetStats: mmgate_cache_media_lookups_total"),
     ]

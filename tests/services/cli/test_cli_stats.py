@@ -48,7 +48,7 @@ def busy_stats() -> pb.GetStatsResponse:
             kv_cache_usage=0.25,
             aborted=1,
         ),
-        media=pb.MediaStats(decodes=4, encodes=2, rejected=1, not_held=5),
+        media=pb.MediaStats(decodes=4, encodes=2, rejected=1, not_held=5, encode_batches=1),
         engine_health=pb.EngineHealth(
             state="stalled", in_flight=3, seconds_since_step=21.5, stalls=1
         ),
@@ -79,6 +79,7 @@ def test_the_table_shows_the_three_levels() -> None:
     assert "hit 7, coalesced 2, miss 5 (1 from the second tier)" in text
     assert row(text, "media mode") == ["embeddings"]
     assert row(text, "images decoded, encoded") == ["4,", "2"]
+    assert row(text, "encoder runs (batches)") == ["1"]
     assert row(text, "refused, not held") == ["1,", "5"]
 
 
