@@ -3,6 +3,7 @@
     python -m bench.image_repeats [--model tiny|vitl] [--requests 30] [--repeats 0 0.5 0.9]
                                   [--working-sets 4] [--layouts shared per-request]
                                   [--contenders mmgate vllm-base64 vllm-uuid] [--json F]
+                                  [--runs 3] [--interleave]
 
 Contenders, one server at a time, each on a fresh engine with the same engine arguments
 (``engine_settings(model)``: float32, the model's context) and the same image limit:
@@ -24,6 +25,12 @@ Each case (layout, working set W, repeat ratio R) has images of its own: W image
 new image (share 1-R) or one of the W drawn at random (share R, a fixed seed: the same sequence for
 every contender). Then a burst: 8 requests with the same new image, sent together. Real JPEGs of
 a realistic size (1024x768 photo-like, ~100 KB), greedy, 8 new tokens.
+
+``--runs N`` repeats the whole run N times (fresh servers, the contenders' order turned) and
+prints every ratio's spread over the runs; ``--interleave`` starts every contender's server at
+once and sends a case's requests to each in turn, so that a drift of the host over minutes hits
+all sides alike; it needs spare cores (on two vCPUs the servers not being measured took enough
+of them to cut every side's requests/s 6-fold).
 
 Printed per case and contender: TTFT p50/p99, requests/s, bytes sent per request, and what each
 side counts: mmgate its decodes and encoder runs (its Cache.GetStats MediaStats, before and
@@ -118,6 +125,8 @@ class MmgateSide:
             "MMGATE_ENGINE__KV_CACHE_MEMORY_BYTES": str(engine["kv_cache_memory_bytes"]),
             "MMGATE_ENGINE__DTYPE": engine["dtype"],
             "MMGATE_CACHE__MAX_BYTES": str(4 * 2**30),
+            # a port of its own: with --interleave two mmgate servers run at once
+            "MMGATE_METRICS__PORT": "0",
         }
         self.server = Mmgate(str(model), env)
 
@@ -241,29 +250,44 @@ def subtract(after: dict[str, float], before: dict[str, float]) -> dict[str, flo
 
 
 async def run_case(
-    side: Side, case: Case, requests: int, first_seed: int, images: dict[int, bytes]
-) -> tuple[Figures, Figures]:
+    sides: Sequence[Side], case: Case, requests: int, first_seed: int, images: dict[int, bytes]
+) -> dict[str, tuple[Figures, Figures]]:
+    """One case on each of ``sides``: its measured requests interleaved, one side's request after
+    another's (the start turned each time), so that the host's drift hits every side alike;
+    then each side's bursts. A side's req/s: its requests over the time they took."""
+
     def image(seed: int) -> bytes:
         if seed not in images:
             images[seed] = photo(seed, SIZE)
         return images[seed]
 
     working, sequence = plan(case, requests, first_seed)
-    for n, seed in enumerate(working):
-        await side.ask(image(seed), case.layout, -1 - n)
-    before = await side.counts()
-    figures = Figures()
-    started = time.perf_counter()
+    for side in sides:
+        for n, seed in enumerate(working):
+            await side.ask(image(seed), case.layout, -1 - n)
+    before = {side.name: await side.counts() for side in sides}
+    figures = {side.name: Figures() for side in sides}
     for n, seed in enumerate(sequence):
-        ttft, sent = await side.ask(image(seed), case.layout, n)
-        figures.ttft.append(ttft)
-        figures.sent.append(sent)
-    figures.wall = time.perf_counter() - started
-    figures.counts = subtract(await side.counts(), before)
+        turn = n % len(sides)
+        for side in [*sides[turn:], *sides[:turn]]:
+            started = time.perf_counter()
+            ttft, sent = await side.ask(image(seed), case.layout, n)
+            mine = figures[side.name]
+            mine.wall += time.perf_counter() - started
+            mine.ttft.append(ttft)
+            mine.sent.append(sent)
+    out = {}
+    for side in sides:
+        figures[side.name].counts = subtract(await side.counts(), before[side.name])
+        out[side.name] = (figures[side.name], await bursts(side, case, first_seed, image))
+    return out
 
+
+async def bursts(side: Side, case: Case, first_seed: int, image: Any) -> Figures:
+    """BURSTS bursts of BURST requests sent together, each burst with a new image of its own."""
     burst = Figures()
     before = await side.counts()
-    for k in range(BURSTS):  # each with a new image of its own
+    for k in range(BURSTS):
         same = image(first_seed + 10_000 + k)
         started = time.perf_counter()
         answers = await asyncio.gather(
@@ -275,7 +299,7 @@ async def run_case(
         burst.each.append(percentile(ttfts, 0.5) * 1000)
         burst.sent += [sent for _, sent in answers]
     burst.counts = subtract(await side.counts(), before)
-    return figures, burst
+    return burst
 
 
 def make_side(name: str, model: Path, engine: dict[str, Any]) -> Side:
@@ -336,8 +360,12 @@ async def main(args: argparse.Namespace) -> None:
             runs.append(results)
             # the contenders in a turned order each run: no side always goes first
             turn = run % len(args.contenders)
-            for name in args.contenders[turn:] + args.contenders[:turn]:
-                await run_side(name, model, engine, cases, args, images, results)
+            order = args.contenders[turn:] + args.contenders[:turn]
+            if args.interleave:
+                await run_sides(order, model, engine, cases, args, images, results)
+            else:
+                for name in order:
+                    await run_sides([name], model, engine, cases, args, images, results)
             report(results, f"run {run + 1} of {args.runs}")
         if len(runs) > 1:
             agreement(runs)
@@ -356,8 +384,8 @@ async def main(args: argparse.Namespace) -> None:
         print(f"figures written to {args.json}")
 
 
-async def run_side(
-    name: str,
+async def run_sides(
+    names: Sequence[str],
     model: Path,
     engine: dict[str, Any],
     cases: list[Case],
@@ -365,31 +393,38 @@ async def run_side(
     images: dict[int, bytes],
     results: dict[str, dict[str, Any]],
 ) -> None:
-    """One contender on a fresh server through every case."""
-    side = make_side(name, model, engine)
+    """Contenders on fresh servers, started together and measured case by case (interleaved
+    when there are several)."""
+    sides = [make_side(name, model, engine) for name in names]
     try:
-        start_s = await side.start()
-        print(f"{name}: serving in {start_s:.1f} s", flush=True)
-        for warm in range(3):  # the engine's and the client's first requests
-            await side.ask(photo(900_000 + warm, SIZE), "shared", -100 - warm)
+        for side in sides:
+            start_s = await side.start()
+            print(f"{side.name}: serving in {start_s:.1f} s", flush=True)
+            results.setdefault("_servers", {})[side.name] = {"start_s": start_s}
+            for warm in range(3):  # the engine's and the client's first requests
+                await side.ask(photo(900_000 + warm, SIZE), "shared", -100 - warm)
         for k, case in enumerate(cases):
-            figures, burst = await run_case(side, case, args.requests, 1_000 + 100_000 * k, images)
-            results.setdefault(case.label, {})[name] = {
-                "run": figures.summary(),
-                "burst": burst.summary(),
-            }
-            print(
-                f"  {name:<13} {case.label:<34} TTFT p50 {figures.ms(0.5):8.1f} ms "
-                f"p99 {figures.ms(0.99):8.1f} ms  {figures.summary()['requests_per_s']:.2f}"
-                f" req/s  {figures.summary()['bytes_per_request']:9.0f} B/req  "
-                f"{figures.counts}  | bursts of {BURST}: p50 "
-                f"{' '.join(f'{ms:.0f}' for ms in burst.each)} ms {burst.counts}",
-                flush=True,
-            )
-        rss = tree_rss_bytes(side.server.pid)  # type: ignore[attr-defined]
-        results.setdefault("_servers", {})[name] = {"start_s": start_s, "rss_bytes": rss}
+            measured = await run_case(sides, case, args.requests, 1_000 + 100_000 * k, images)
+            for name, (figures, burst) in measured.items():
+                results.setdefault(case.label, {})[name] = {
+                    "run": figures.summary(),
+                    "burst": burst.summary(),
+                }
+                print(
+                    f"  {name:<13} {case.label:<34} TTFT p50 {figures.ms(0.5):8.1f} ms "
+                    f"p99 {figures.ms(0.99):8.1f} ms  "
+                    f"{figures.summary()['requests_per_s']:.2f} req/s  "
+                    f"{figures.summary()['bytes_per_request']:9.0f} B/req  "
+                    f"{figures.counts}  | bursts of {BURST}: p50 "
+                    f"{' '.join(f'{ms:.0f}' for ms in burst.each)} ms {burst.counts}",
+                    flush=True,
+                )
+        for side in sides:
+            rss = tree_rss_bytes(side.server.pid)  # type: ignore[attr-defined]
+            results["_servers"][side.name]["rss_bytes"] = rss
     finally:
-        await side.close()
+        for side in sides:
+            await side.close()
 
 
 def ratios(results: dict[str, dict[str, Any]]) -> dict[tuple[str, str, str], float]:
@@ -444,6 +479,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=["mmgate", "vllm-base64", "vllm-uuid"],
     )
     parser.add_argument("--runs", type=int, default=1, help="whole runs, contenders turned")
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="every contender's server up at once, their requests interleaved case by case",
+    )
     parser.add_argument("--json", type=Path, default=None)
     return parser.parse_args(argv)
 

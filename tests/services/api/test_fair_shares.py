@@ -199,7 +199,7 @@ async def test_weights_3_and_1_complete_3_to_1_and_one_tenant_alone_gets_every_s
     dry while the other's waits, however late that scrape lands on a loaded host."""
     held = await hold(fair_server, tenants["holder"], SLOTS)
     callers = [
-        asyncio.ensure_future(keep_asking(tenants[tenant], 15 * LONG))
+        asyncio.ensure_future(keep_asking(tenants[tenant], 4 * LONG))
         for _ in range(SHARE)
         for tenant in ("heavy", "light")
     ]
