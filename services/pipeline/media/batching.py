@@ -24,6 +24,7 @@ from typing import Any, final
 
 from cache_actor import waiting_to_start
 
+from ...types import MediaStats
 from ..threads import ThreadPools
 
 __all__ = ["EncodeBatcher"]
@@ -33,15 +34,15 @@ log = logging.getLogger("mmgate.media")
 Encode = Callable[[Sequence[Any]], Any]  # images -> a tensor of one row per image
 
 
+def _future() -> asyncio.Future[Any]:
+    return asyncio.get_running_loop().create_future()
+
+
 @dataclass(eq=False, slots=True)
 class _Entry:
     image: Any
-    taken: asyncio.Future[None] = field(default_factory=lambda: _future())
-    done: asyncio.Future[tuple[Any, int]] = field(default_factory=lambda: _future())
-
-
-def _future() -> asyncio.Future[Any]:
-    return asyncio.get_running_loop().create_future()
+    taken: asyncio.Future[None] = field(default_factory=_future)
+    done: asyncio.Future[tuple[Any, int]] = field(default_factory=_future)
 
 
 @final
@@ -55,6 +56,7 @@ class EncodeBatcher:
         *,
         max_batch: int,
         window_seconds: float = 0.0,
+        stats: MediaStats | None = None,
     ) -> None:
         self._encode = encode
         self._threads = threads
@@ -63,7 +65,13 @@ class EncodeBatcher:
         self._waiting: list[_Entry] = []
         self._collecting = False  # a collector waits for a thread and will take what waits
         self._tasks: set[asyncio.Task[None]] = set()
-        self.batches = 0  # runs of the encoder
+        # its runs are counted where the media stage counts its work
+        self.stats = stats if stats is not None else MediaStats()
+
+    @property
+    def batches(self) -> int:
+        """Runs of the encoder so far."""
+        return self.stats.encode_batches
 
     async def encode(self, image: Any) -> tuple[Any, int]:
         """``image``'s row of the encoder's output, and how many images its batch held."""
@@ -111,7 +119,7 @@ class EncodeBatcher:
                 entry.done.cancel()  # a row not set (a cancelled run): its flight fails
 
     async def _run(self, batch: list[_Entry]) -> None:
-        self.batches += 1
+        self.stats.encode_batches += 1
         try:
             rows = await self._threads.in_thread(self._encode, [e.image for e in batch])
         except Exception as exc:  # noqa: BLE001 - handed to each image's flight
@@ -120,7 +128,7 @@ class EncodeBatcher:
                 return
             log.warning("a batch of %d encodes failed (%s): one image at a time", len(batch), exc)
             for entry in batch:
-                self.batches += 1
+                self.stats.encode_batches += 1
                 try:
                     (row,) = await self._threads.in_thread(self._encode, [entry.image])
                 except Exception as single:  # noqa: BLE001 - handed to its flight

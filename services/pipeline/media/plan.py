@@ -1,8 +1,8 @@
 """The media plan: what a model's images need, read from its files before the engine starts, and
 the media stage built from it once the engine has.
 
-    plan_media(settings, model, dtype)   (a thread: it reads the model's files, loads the encoder
-        │                                 on the engine's device, measures what it needs there)
+    plan_media(settings, model, dtype, device_share)   (a thread: it reads the model's files,
+        │                     loads the encoder on the engine's device, measures what it needs)
         ─▶ MediaPlan(encoder, placeholder tokens, shrink, the engine's share of its device)
         ─▶ plan.configure(engine)  ─▶ the engine starts  ─▶ plan.stage(...): the MediaStage
 
@@ -85,7 +85,7 @@ def plan_media(
     model: str,
     dtype: str,
     *,
-    device_share: float = 0.9,
+    device_share: float,
     accelerators: Accelerators | None = None,
 ) -> MediaPlan:
     """The plan for ``model`` (a local folder) whose engine runs in ``dtype`` and may take

@@ -324,6 +324,7 @@ class EmbeddingsStage(PixelsStage):
             threads,
             max_batch=settings.encode_batch,
             window_seconds=settings.encode_window_ms / 1000,
+            stats=self.stats,
         )
 
     def embedding_key(self, digest: str) -> str:
@@ -350,7 +351,6 @@ class EmbeddingsStage(PixelsStage):
                 if traced is not None:
                     traced.set_attribute("mmgate.encode.batch", batch)
             self.stats.encodes += 1
-            self.stats.encode_batches = self.batcher.batches
             self.stats.encode_seconds += time.perf_counter() - started
             return Embedding(tensor)
 

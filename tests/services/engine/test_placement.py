@@ -127,7 +127,9 @@ def test_auto_leaves_a_fast_tower_to_the_engine_and_says_why(
 ) -> None:
     settings = MediaSettings(mode="auto", auto_min_encode_ms=bound_ms)
     with caplog.at_level(logging.INFO, logger="mmgate.media"):
-        plan = plan_media(settings, str(tiny_llava), "float32", accelerators=NoAccelerator())
+        plan = plan_media(
+            settings, str(tiny_llava), "float32", device_share=0.9, accelerators=NoAccelerator()
+        )
     assert (plan.encoder is not None) == (chosen == "embeddings")
     (said,) = [r.getMessage() for r in caplog.records if "media mode auto chose" in r.getMessage()]
     assert said.startswith(f"media mode auto chose {chosen}: the vision encoder takes ")
