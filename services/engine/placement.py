@@ -50,6 +50,10 @@ class Accelerators(Protocol):
         """The most memory ``run()`` allocated on ``device`` at once, beyond what it found."""
         ...
 
+    def release(self, device: str) -> None:
+        """Give ``device`` back what this process holds of it and no longer uses."""
+        ...
+
 
 @final
 class TorchAccelerators:
@@ -80,6 +84,12 @@ class TorchAccelerators:
         run()
         torch.cuda.synchronize(where)
         return max(0, int(torch.cuda.max_memory_allocated(where)) - int(before))
+
+    def release(self, device: str) -> None:
+        import torch
+
+        with torch.cuda.device(torch.device(device)):
+            torch.cuda.empty_cache()
 
 
 @final

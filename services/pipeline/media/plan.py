@@ -129,6 +129,9 @@ def plan_media(
             )
     if encoder is not None and settings.mode == "auto" and not _pays(encoder, settings):
         encoder = None
+        if device is not None:
+            # what torch's allocator kept of the tower goes back before vLLM counts free memory
+            accelerators.release(device)
     memory = None
     if encoder is not None and device is not None:
         memory = _measure(encoder, accelerators, device, settings.encode_batch)

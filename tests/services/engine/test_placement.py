@@ -36,9 +36,13 @@ class FakeCuda:
     peak: int = 64 * MiB
     device: str = "cpu:0"
     runs: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
 
     def engine_device(self) -> str | None:
         return self.device
+
+    def release(self, device: str) -> None:
+        self.released.append(device)
 
     def memory(self, device: str) -> tuple[int, int]:
         assert device == self.device
@@ -59,6 +63,9 @@ class NoAccelerator:
         raise AssertionError("no device to ask")
 
     def peak_bytes(self, device: str, run: Callable[[], object]) -> int:
+        raise AssertionError("no device to ask")
+
+    def release(self, device: str) -> None:
         raise AssertionError("no device to ask")
 
 
@@ -134,3 +141,14 @@ def test_auto_leaves_a_fast_tower_to_the_engine_and_says_why(
     (said,) = [r.getMessage() for r in caplog.records if "media mode auto chose" in r.getMessage()]
     assert said.startswith(f"media mode auto chose {chosen}: the vision encoder takes ")
     assert "ms an image on cpu" in said
+
+
+def test_a_tower_auto_leaves_to_the_engine_gives_its_device_memory_back(tiny_llava: Path) -> None:
+    """Loaded on the GPU to be timed, then dropped: what torch's allocator kept of it goes back
+    to the device before vLLM checks the device's free memory, and the engine keeps its share."""
+    cuda = FakeCuda()
+    settings = MediaSettings(mode="auto", auto_min_encode_ms=1e6)
+    plan = plan_media(settings, str(tiny_llava), "float32", device_share=0.9, accelerators=cuda)
+    assert plan.encoder is None
+    assert cuda.released == ["cpu:0"]
+    assert (cuda.runs, plan.encoder_memory, plan.device_share) == ([], None, 0.9)
