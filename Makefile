@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(ENGINE)
 HOST ?= 127.0.0.1
 PORT ?= 50051
 
-.PHONY: all install test lint typecheck architecture unit proto manifests settings-table serve mesh bench bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-unary bench-adapters bench-fair-queue bench-observability bench-plots gpu-check soak reliability-report clean
+.PHONY: all install test lint typecheck architecture unit proto manifests settings-table serve mesh bench bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-unary bench-adapters bench-fair-queue bench-fair-weights bench-observability bench-plots gpu-check soak reliability-report clean
 
 all: test
 
@@ -180,6 +180,9 @@ gpu-check:
 bench-fair-queue: $(STAMP)
 	$(BIN)/python -m bench.fair_queue --json $(FIGURES)/fair-queue.json
 
+bench-fair-weights: $(STAMP)
+	$(BIN)/python -m bench.fair_weights --json $(FIGURES)/fair-weights.json
+
 # repeated images against vLLM's server: the tiny LLaVA's grid, then the ViT-L-sized tower at 90%
 bench-image-repeats: $(STAMP)
 	$(BIN)/python -m bench.image_repeats $(REPEATS_ARGS) --json $(FIGURES)/images-tiny.json
@@ -199,7 +202,7 @@ bench-plots: $(STAMP)
 ifeq ($(QUICK),1)
 bench: bench-cache bench-growth bench-image-repeats
 else
-bench: bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-unary bench-adapters bench-fair-queue bench-observability bench-plots
+bench: bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-unary bench-adapters bench-fair-queue bench-fair-weights bench-observability bench-plots
 endif
 
 # the full multi-replica suite: three replicas behind the proxy, fail-over, rolling restart,

@@ -188,6 +188,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     ) -> AsyncGenerator[EngineDelta | Finished, None]:
         caller = current_caller()
         error: ServiceError | None = None
+        finished: Finished | None = None
         try:
             with self.admission.enter(caller.tenant):
                 deadline = call_deadline(context, self.settings.default_deadline_seconds)
@@ -197,11 +198,18 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     events = pipeline.generate(request, whole=whole)
                     async with contextlib.aclosing(events):
                         async for event in events:
-                            yield event
+                            if isinstance(event, Finished):
+                                finished = event  # the last event: sent once the call is done
+                            else:
+                                yield event
         except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
             error = from_exception(exc)
         if error is not None:
             await abort(context, error)
+        if finished is not None:
+            # after the call's admission and engine slots are released: a caller that sends its
+            # next request the moment it has this answer is never refused for this one
+            yield finished
 
     def _request(
         self,

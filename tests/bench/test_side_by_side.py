@@ -155,3 +155,29 @@ def test_the_queue_benchmark_takes_its_ratios_within_a_round() -> None:
     rows.append(row("queue", 2, 51.0))
     found = report(rows)["ratios"]
     assert [(r["round"], round(r["queue_over_none"], 2)) for r in found] == [(1, 0.99), (2, 1.02)]
+
+
+def test_the_weights_benchmark_counts_apart_the_grants_made_while_both_tenants_waited() -> None:
+    from bench.fair_weights import report
+
+    def sample(
+        heavy: float, light: float, waiting: tuple[int, int], at: float
+    ) -> dict[str, object]:
+        return {
+            "at": at,
+            "granted": {"heavy": heavy, "light": light},
+            "waiting": {"heavy": waiting[0], "light": waiting[1]},
+        }
+
+    samples = [
+        sample(0, 0, (20, 20), at=0),
+        sample(6, 2, (18, 22), at=3),  # both waited at both ends: 6 and 2
+        sample(9, 3, (0, 21), at=6),  # heavy's queue ran dry: apart
+        sample(9, 9, (5, 20), at=9),  # apart (it began dry)
+        sample(12, 10, (7, 19), at=12),  # both: 3 and 1
+        sample(20, 20, (7, 19), at=30),  # a late scrape: apart
+    ]
+    found = report(samples, every=3.0)
+    assert found["steady"] == {"heavy": 9, "light": 3}
+    assert found["steady_ratio"] == 3.0
+    assert found["otherwise"] == {"heavy": 11, "light": 17}
