@@ -21,6 +21,7 @@ from ._messages import (
     CLOSE,
     DeadlinePassed,
     Done,
+    Fault,
     Get,
     Query,
     Tick,
@@ -44,6 +45,10 @@ log = logging.getLogger("cache_actor")
 
 class _Closed(Exception):
     """Raised inside the actor's loop to end it on close()."""
+
+
+class InjectedCrash(Exception):
+    """Raised inside the actor's loop by a "crash" fault: the crash path, as for a bug."""
 
 
 @final
@@ -127,6 +132,9 @@ class ActorLoop:
                 while (message := mailbox.take()) is not None:
                     if message is CLOSE:
                         raise _Closed
+                    if type(message) is Fault:
+                        await self._injected(message)
+                        continue
                     handlers[type(message)](message)
         except _Closed:
             self._shut_down(CacheActorDead("cache actor is closed"))
@@ -135,6 +143,14 @@ class ActorLoop:
             self._shut_down(CacheActorDead(f"cache actor crashed: {exc!r}"))
             if not isinstance(exc, Exception):
                 raise
+
+    async def _injected(self, fault: Fault) -> None:
+        """A fault on purpose: the loop crashes as a bug in a handler would, or stops taking
+        messages for a while as a loop held up would (every lookup waits meanwhile)."""
+        if fault.kind == "crash":
+            raise InjectedCrash("the cache actor was killed on purpose (fault injection)")
+        log.warning("cache actor stalled on purpose for %.1f s (fault injection)", fault.seconds)
+        await asyncio.sleep(fault.seconds)
 
     def _shut_down(self, reason: CacheActorDead) -> None:
         """Fail everyone who waits or will ask, and cancel every computation."""

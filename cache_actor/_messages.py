@@ -81,5 +81,14 @@ class Tick:
     lag: float
 
 
+@final
+@dataclass(slots=True)
+class Fault:
+    """Fault injection (reliability runs): "crash" the loop, or "stall" it ``seconds``."""
+
+    kind: str
+    seconds: float = 0.0
+
+
 # ends the actor's loop at the next message; a plain object, so no handler can match it
 CLOSE = object()

@@ -30,10 +30,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any, TypeVar, final
+from typing import Any, Literal, TypeVar, final
 
 from ._loop import ActorLoop
-from ._messages import CLOSE, Get, Query, WaiterLeft
+from ._messages import CLOSE, Fault, Get, Query, WaiterLeft
 from .config import CacheConfig
 from .errors import CacheActorDead, CacheOverloaded
 from .flights import COMPUTING
@@ -320,6 +320,14 @@ class CacheActor:
         started = time.perf_counter()
         await self._ask(lambda: None, timeout)
         return time.perf_counter() - started
+
+    def inject_fault(self, kind: Literal["crash", "stall"], seconds: float = 0.0) -> None:
+        """Fault injection for reliability runs: at its next message the actor's loop crashes
+        (every waiter then gets CacheActorDead, as after a bug in a handler), or stops taking
+        messages for ``seconds`` (every lookup and ping waits meanwhile, as behind a held-up
+        loop). A dead actor ignores it."""
+        if self._core.dead is None and self._loop is not None:
+            self._mailbox.post(Fault(kind, seconds))
 
     # ── caller-side helpers ─────────────────────────────────────────────────────────────────
 

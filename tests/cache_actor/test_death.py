@@ -66,3 +66,37 @@ async def test_unstarted_actor_refuses() -> None:
     cache = CacheActor()
     with pytest.raises(CacheActorDead, match="not started"):
         await cache.get("k", Gate())
+
+
+async def test_an_injected_crash_takes_the_crash_path(
+    make_actor: MakeActor, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fault injection: the loop dies as after a bug, failing the lookups that wait."""
+    cache = make_actor()
+    waiting = Gate()
+    pending = asyncio.ensure_future(cache.get("k", waiting))
+    await waiting.started.wait()
+    cache.inject_fault("crash")
+    with pytest.raises(CacheActorDead, match="crashed"):
+        await pending
+    assert "cache actor crashed" in caplog.text
+    assert not cache.alive
+    cache.inject_fault("crash")  # a dead actor ignores it
+    with pytest.raises(CacheActorDead):
+        await cache.get("later", Gate())
+
+
+async def test_an_injected_stall_holds_every_lookup_until_it_ends(make_actor: MakeActor) -> None:
+    """Fault injection: the loop takes no message for a while (pings time out, lookups are
+    not taken from the mailbox), then serves as before."""
+    cache = make_actor()
+    cache.inject_fault("stall", seconds=0.5)
+    with pytest.raises(TimeoutError):
+        await cache.ping(timeout=0.05)
+    lookup = asyncio.ensure_future(cache.get("k", Gate()))
+    await asyncio.sleep(0)
+    assert cache.stats().waiters == 0 and not lookup.done()  # still in the mailbox
+    assert cache.alive
+    await cache.ping(timeout=5.0)  # answered once the stall is over
+    assert cache.stats().waiters == 1  # and the lookup was taken
+    lookup.cancel()
