@@ -184,7 +184,8 @@ class EngineRequest:
 @final
 @dataclass(frozen=True, slots=True)
 class ImageReport:
-    """Where one image came from: ``outcome`` hit | miss | coalesced, ``tier`` "" when computed."""
+    """Where one image came from: ``outcome`` hit | miss | coalesced | bypass (computed without
+    the cache: degraded mode), ``tier`` "" when computed."""
 
     digest: str
     outcome: str
@@ -195,13 +196,15 @@ class ImageReport:
 @final
 @dataclass(frozen=True, slots=True)
 class LookupReport:
-    """One cache stage of a request: ``outcome`` hit | miss | coalesced | bypass."""
+    """One cache stage of a request: ``outcome`` hit | miss | coalesced | bypass; ``reason``
+    why a bypass: policy (the request's cache_policy), cache_dead, cache_stalled."""
 
     stage: str
     key: str
     outcome: str
     tier: str
     wait_ms: float
+    reason: str = ""
 
 
 @final

@@ -16,12 +16,13 @@ from typing import Any, final
 
 import grpc
 
-from cache_actor import CacheActor, EntryInfo, TenantStats
+from cache_actor import EntryInfo, TenantStats
 
 from ..config import Settings
 from ..engine.worker import EngineWorker
 from ..errors import EntryNotFound, InvalidRequest, NotPermitted, Violation
 from ..keys import is_hex_key
+from ..pipeline.cache_front import CacheFront
 from ..pipeline.generation import PipelineRef
 from ..pipeline.tenancy import Isolation
 from ..proto.mmgate.v1 import cache_pb2 as pb
@@ -80,7 +81,7 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
     def __init__(
         self,
         settings: Settings,
-        cache: CacheActor,
+        cache: CacheFront,
         pipeline: PipelineRef,
         isolation: Isolation,
         admission: Admission,

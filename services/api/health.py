@@ -1,8 +1,10 @@
 """Health: what the gRPC health services say, from the actor, the engine and the event loop.
 
     every interval (and at once when the heartbeat sees a block):
-      actor ping ──────────────┐
-      engine: ready? failed? ──┼─▶ liveness:  actor answers, engine not failed, not hung
+      actor ping ──────────────┐   mmgate.cache-actor: the actor answers (not degraded)
+      engine: ready? failed? ──┼─▶ liveness:  the cache usable (on_failure "fail": the actor
+                               │              answers; "compute": not dead past its
+                               │              replacements), engine not failed, not hung
       engine progress ─────────┤   readiness: live, engine ready, not stalled, loop not
       loop heartbeat ──────────┘              blocked lately, not shutting down
                                    ─▶ "", each mmgate service, "readiness" follow readiness
@@ -23,16 +25,19 @@ from typing import final
 from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
-from cache_actor import CacheActor, CacheActorDead
+from cache_actor import CacheActorDead
 
 from ..config import HealthSettings
 from ..engine.worker import EngineWorker
 from ..observability.heartbeat import LoopHeartbeat
+from ..pipeline.cache_front import CacheFront
 from ..types import EngineHealth, EngineState
 
 log = logging.getLogger("mmgate.health")
 
 LIVENESS = "liveness"
+# the cache actor alone: NOT_SERVING while requests compute without it (degraded mode)
+CACHE_ACTOR = "mmgate.cache-actor"
 READINESS = "readiness"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -44,7 +49,7 @@ class HealthMonitor:
         self,
         settings: HealthSettings,
         servicer: HealthServicer,
-        cache: CacheActor,
+        cache: CacheFront,
         engine: EngineWorker,
         readiness_services: tuple[str, ...],
     ) -> None:
@@ -68,6 +73,7 @@ class HealthMonitor:
         for service in self.readiness_services:
             await self.servicer.set(service, NOT_SERVING)
         await self.servicer.set(LIVENESS, SERVING)
+        await self.servicer.set(CACHE_ACTOR, SERVING)
 
     def start(self) -> None:
         """Watch from now on (the engine has started)."""
@@ -121,17 +127,28 @@ class HealthMonitor:
 
     async def update(self) -> None:
         """One look at every part; sets every health service."""
+        cache = self.cache
         try:
-            await self.cache.ping(timeout=self.settings.interval_seconds)
-            actor_alive = True
-        except (CacheActorDead, TimeoutError):
-            actor_alive = False
+            await cache.ping(timeout=self.settings.interval_seconds)
+            cache.found_answering()
+        except CacheActorDead:
+            cache.found_dead()  # replaced by a fresh actor while the policy and window allow
+        except TimeoutError:
+            cache.found_stalled()
+        # "fail": the actor is part of the replica; "compute": requests go on without it, and
+        # only a death beyond the replacements fails liveness
+        cache_ok = not cache.exhausted
+        if cache.on_failure == "fail":
+            cache_ok = cache_ok and cache.degraded is None
         state = self._engine_state()
         self._note(state)
         loop_blocked = self.heartbeat.recent(self.settings.loop_recover_seconds)
-        alive = actor_alive and state not in ("failed", "hung")
+        alive = cache_ok and state not in ("failed", "hung")
         ready = alive and state == "serving" and not loop_blocked and not self.stopping
         await self.servicer.set(LIVENESS, SERVING if alive else NOT_SERVING)
+        await self.servicer.set(
+            CACHE_ACTOR, SERVING if cache.degraded is None and not self.stopping else NOT_SERVING
+        )
         for service in self.readiness_services:
             await self.servicer.set(service, SERVING if ready else NOT_SERVING)
 
@@ -178,4 +195,4 @@ class HealthMonitor:
                 continue
 
 
-__all__ = ["LIVENESS", "READINESS", "HealthMonitor"]
+__all__ = ["CACHE_ACTOR", "LIVENESS", "READINESS", "HealthMonitor"]

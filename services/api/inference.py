@@ -299,6 +299,7 @@ def _lookup(report: LookupReport) -> pb.CacheLookup:
         outcome=report.outcome,
         tier=report.tier,
         wait_ms=report.wait_ms,
+        reason=report.reason,
     )
 
 

@@ -42,6 +42,7 @@ from ..observability.lookups import Observers
 from ..observability.metric_families import Snapshot
 from ..observability.metrics import Metrics
 from ..observability.tracing import Tracing
+from ..pipeline.cache_front import CacheFront
 from ..pipeline.chaos import injector
 from ..pipeline.generation import Pipeline, PipelineRef
 from ..pipeline.media import plan_media
@@ -111,14 +112,15 @@ class MmgateServer:
         hooks = [h for h in (self.tracing.lookup_hook, self.metrics.lookup_hook) if h is not None]
         # the second tier shared by replicas; its namespace is set once the model is known
         self.tier = redis_tier(settings.redis, codecs)
-        self.cache = CacheActor(
-            settings.cache.actor_config(
-                settings.redis if self.tier is not None else None,
-                tenant_bytes=self.quotas.cache_bytes(),
-                max_tenants=settings.tenants.max_labels,
-            ),
-            hook=Observers(hooks) if hooks else None,
-            tier=self.tier,
+        config = settings.cache.actor_config(
+            settings.redis if self.tier is not None else None,
+            tenant_bytes=self.quotas.cache_bytes(),
+            max_tenants=settings.tenants.max_labels,
+        )
+        hook = Observers(hooks) if hooks else None
+        # the actor, and a fresh one in its place if it dies (degraded mode: cache_front.py)
+        self.cache = CacheFront(
+            lambda: CacheActor(config, hook=hook, tier=self.tier), settings.cache.on_failure
         )
         self.engine = EngineWorker(settings.engine, model)
         # dtype=auto's evidence lives beside the converted models (services/engine/dtypes.py)
@@ -269,6 +271,7 @@ class MmgateServer:
             auth_refused=dict(self.auth.refused),
             adapters=self.engine.adapter_stats(),
             queue=self.pipelines.queue_stats,
+            degraded=self.cache.figures(),
         )
 
     async def _forget(self, tenant: str, key: str) -> None:

@@ -203,7 +203,12 @@ def from_exception(exc: BaseException) -> ServiceError:
     if isinstance(exc, CacheOverloaded):
         return ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), reason=OVERLOADED)
     if isinstance(exc, CacheActorDead):
-        return ServiceError(grpc.StatusCode.UNAVAILABLE, str(exc), reason=CACHE_UNAVAILABLE)
+        # the actor's own message may name what crashed it: mmgate's words only
+        return ServiceError(
+            grpc.StatusCode.UNAVAILABLE,
+            "the cache is not available",
+            reason=CACHE_UNAVAILABLE,
+        )
     if isinstance(exc, EngineUnavailable):
         return ServiceError(
             grpc.StatusCode.UNAVAILABLE,

@@ -43,6 +43,11 @@ class CacheSettings(BaseModel):
     """A cache computation (tokenizing, decoding) is cancelled after this many seconds."""
     stall_threshold: float = Field(_ACTOR["stall_threshold"], gt=0)
     """A computation older than this many seconds is logged with its stack."""
+    on_failure: Literal["compute", "fail"] = "compute"
+    """When the cache actor cannot answer (dead, or stalled past the health monitor's ping):
+    "compute": each request computes what it needs itself, uncached and uncoalesced, and a dead
+    actor is replaced by an empty one (at most 3 times in 10 minutes); "fail": requests get
+    UNAVAILABLE and liveness fails (docs/cache_actor.md)."""
     max_entry_fraction: float = Field(_ACTOR["max_entry_fraction"], gt=0, le=1)
     """A value larger than this share of a tenant's budget is served but not stored (one request
     must not flush everyone's images): 25.6 MiB of the default 512 MiB."""

@@ -65,10 +65,19 @@ class ChaosSettings(FaultPlan):
     """How long an injected loop block holds the event loop."""
     seed: int | None = None
     """Seed of the draws (unset: a different sequence each start)."""
+    actor_kill_after: int | None = Field(None, ge=0)
+    """Kill the cache actor once, when this many requests have started (its loop crashes as
+    after a bug: every lookup waiting on it fails)."""
+    actor_stall_after: int | None = Field(None, ge=0)
+    """Stall the cache actor once, when this many requests have started: its loop takes no
+    message for chaos.actor_stall_seconds."""
+    actor_stall_seconds: float = Field(5.0, gt=0)
+    """How long an injected stall holds the cache actor."""
 
     @model_validator(mode="after")
     def _explicitly_enabled(self) -> ChaosSettings:
-        if not self.enabled and (self.any or any(p.any for p in self.tenants.values())):
+        actor = self.actor_kill_after is not None or self.actor_stall_after is not None
+        if not self.enabled and (self.any or actor or any(p.any for p in self.tenants.values())):
             raise ValueError(
                 "fault rates are set but fault injection is off: set MMGATE_CHAOS__ENABLED=true "
                 "to inject faults (never on a server that serves real callers)"

@@ -1,9 +1,7 @@
 """What a scrape exports from the service's state: a ``Snapshot`` in, Prometheus families out.
 
 Names follow docs/observability.md, which lists every series: the prefix ``mmgate_``, base units,
-``_total`` on counters only. The one exception is ``vllm_cache_hit_rate``, which existing
-dashboards scrape: the page level's ratio.
-"""
+``_total`` on counters only; the exception, ``vllm_cache_hit_rate``, is the page level's ratio."""
 
 from __future__ import annotations
 
@@ -34,6 +32,7 @@ from ..types import (
     ThreadPoolStats,
 )
 from .adapter_metrics import adapter_families
+from .degraded_metrics import DegradedStats, degraded_families
 from .queue_metrics import QueueStats, queue_families
 
 # the cache stages that hold images: the media level
@@ -67,6 +66,7 @@ class Snapshot:
     auth_refused: Mapping[str, int] = dataclasses.field(default_factory=dict)
     adapters: AdapterStats = dataclasses.field(default_factory=AdapterStats)
     queue: QueueStats = dataclasses.field(default_factory=QueueStats)
+    degraded: DegradedStats = dataclasses.field(default_factory=DegradedStats)
 
 
 def media_outcome(outcome: str, tier: str) -> str:
@@ -194,6 +194,7 @@ def families(s: Snapshot) -> Iterator[Metric]:
     yield from _service(s)
     yield from adapter_families(s.adapters)
     yield from queue_families(s.queue)
+    yield from degraded_families(s.degraded)
 
 
 def _cache_levels(s: Snapshot) -> Iterator[Metric]:

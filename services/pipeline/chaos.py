@@ -10,6 +10,8 @@
                      after its first delta, as a dying engine does; "stall" and "slow" hold it
                      before the engine sees the request
     loop_block       at a request's start, on the event loop itself (time.sleep)
+    actor            at a request's start, once, after a number of requests: the cache actor
+                     killed (its loop crashes) or stalled (its loop takes no message a while)
 
     fail ─▶ InjectedFault (UNAVAILABLE, reason INJECTED_FAULT)
     stall ─▶ waits until cancelled (the caller's deadline, the compute deadline, shutdown)
@@ -32,6 +34,7 @@ from typing import Literal, TypeVar, final
 
 from ..config import ChaosSettings, Faults
 from ..errors import InjectedFault
+from .cache_front import CacheFront
 
 log = logging.getLogger("mmgate.chaos")
 
@@ -56,8 +59,8 @@ class NoChaos:
         """The engine's stream as this request's draw leaves it."""
         return stream
 
-    def at_request(self, tenant: str) -> None:
-        """At a request's start, on the event loop."""
+    def at_request(self, tenant: str, cache: CacheFront) -> None:
+        """At a request's start, on the event loop, before its first lookup in ``cache``."""
 
 
 @final
@@ -68,6 +71,7 @@ class Chaos(NoChaos):
         super().__init__()
         self.settings = settings
         self.rng = random.Random(settings.seed)
+        self.requests = 0  # started, for the actor's faults
 
     def _draw(self, point: Point, tenant: str) -> Fault | None:
         faults: Faults = getattr(self.settings.plan(tenant), point)
@@ -118,11 +122,18 @@ class Chaos(NoChaos):
                     # leaving the stream aborts the engine request, as for any early end
                     raise InjectedFault("engine")
 
-    def at_request(self, tenant: str) -> None:
+    def at_request(self, tenant: str, cache: CacheFront) -> None:
         share = self.settings.plan(tenant).loop_block
         if share and self.rng.random() < share:
             self._count("loop_block", "block", tenant)
             _block_the_event_loop(self.settings.block_seconds)
+        started, self.requests = self.requests, self.requests + 1
+        if started == self.settings.actor_kill_after:
+            self._count("actor", "kill", tenant)
+            cache.inject_fault("crash")
+        if started == self.settings.actor_stall_after:
+            self._count("actor", "stall", tenant)
+            cache.inject_fault("stall", self.settings.actor_stall_seconds)
 
 
 def _block_the_event_loop(seconds: float) -> None:

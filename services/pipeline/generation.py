@@ -27,8 +27,6 @@ import dataclasses
 from collections.abc import AsyncGenerator, Mapping
 from typing import final
 
-from cache_actor import CacheActor
-
 from ..config import Settings
 from ..engine.protocol import Engine
 from ..errors import EngineUnavailable
@@ -45,6 +43,7 @@ from ..types import (
     TokenLogprobs,
 )
 from .budget import fit
+from .cache_front import CacheFront
 from .chaos import NoChaos, injector
 from .media import MediaStage
 from .prompts import PromptStage
@@ -67,7 +66,7 @@ class Pipeline:
         self,
         settings: Settings,
         engine: Engine,
-        cache: CacheActor,
+        cache: CacheFront,
         media: MediaStage,
         *,
         threads: ThreadPools | None = None,
@@ -126,7 +125,7 @@ class Pipeline:
         """The request's token deltas (each with text or tokens), then one Finished; ``whole``:
         the caller reads nothing before the end (unary)."""
         checked, engine, media = request.checked, self.engine, self.media
-        self.chaos.at_request(request.tenant)
+        self.chaos.at_request(request.tenant, self.cache)
         prompt = await self.prompts.prompt(request, engine.model_name)
         expanded = len(prompt.token_ids) + len(checked.images) * (media.placeholder_tokens - 1)
         sampling = fit(checked, expanded, engine.max_model_len, self.settings.default_max_tokens)

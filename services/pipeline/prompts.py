@@ -16,13 +16,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, final
 
-from cache_actor import CacheActor
-
 from ..keys import cache_key
 from ..observability.lookups import stage
 from ..observability.spans import span
 from ..types import GenerationRequest, RenderedPrompt
 from ..wire import IMAGE_PLACEHOLDER
+from .cache_front import CacheFront
 from .request import MEMORY_ONLY, Request
 from .threads import ThreadPools
 
@@ -136,7 +135,7 @@ async def render(
 @final
 class PromptStage:
     def __init__(
-        self, cache: CacheActor, threads: ThreadPools, tokenizer_copy: Callable[[], Any]
+        self, cache: CacheFront, threads: ThreadPools, tokenizer_copy: Callable[[], Any]
     ) -> None:
         self.cache = cache
         self.threads = threads

@@ -27,6 +27,7 @@ from ..types import (
     LookupReport,
     Sampling,
 )
+from .cache_front import outcome_of
 
 # How each stage uses the second tier (what Redis holds, and why: tier_values.py). Prompts and
 # decoded images stay in memory; a shared response is read from the tier and written to it by
@@ -104,16 +105,16 @@ class Request:
         started: float,
         outcome: str | None = None,
     ) -> None:
-        """One cache stage's outcome (``lookup`` None: the stage was bypassed)."""
-        if outcome is None:
-            outcome = "bypass" if lookup is None else lookup.outcome.value
+        """One cache stage's outcome (``lookup`` None: the request's policy bypassed it)."""
+        found, reason = outcome_of(lookup) if lookup is not None else ("bypass", "policy")
         self.lookups.append(
             LookupReport(
                 stage=stage,
                 key=key,
-                outcome=outcome,
+                outcome=outcome or found,
                 tier=(lookup.tier or "") if lookup is not None else "",
                 wait_ms=(time.perf_counter() - started) * 1000,
+                reason=reason,
             )
         )
 

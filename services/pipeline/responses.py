@@ -23,13 +23,14 @@ import time
 from collections.abc import AsyncGenerator
 from typing import final
 
-from cache_actor import CacheActor, Outcome
+from cache_actor import Outcome
 
 from ..engine.protocol import Engine
 from ..errors import EngineUnavailable
 from ..keys import cache_key
 from ..observability.lookups import stage
 from ..types import EngineDelta, EngineImages, EngineRequest, RenderedPrompt, Sampling
+from .cache_front import CacheFront
 from .chaos import NoChaos
 from .queue import EngineQueue
 from .request import RESPONSE_TIER, Request
@@ -142,7 +143,7 @@ class SharedResponses:
     def __init__(
         self,
         engine: Engine,
-        cache: CacheActor,
+        cache: CacheFront,
         run_deadline: float,
         chaos: NoChaos,
         queue: EngineQueue,

@@ -95,7 +95,8 @@ async def test_an_injected_stall_holds_every_lookup_until_it_ends(make_actor: Ma
         await cache.ping(timeout=0.05)
     lookup = asyncio.ensure_future(cache.get("k", Gate()))
     await asyncio.sleep(0)
-    assert cache.stats().waiters == 0 and not lookup.done()  # still in the mailbox
+    assert cache.stats().waiters == 0  # still in the mailbox
+    assert not lookup.done()
     assert cache.alive
     await cache.ping(timeout=5.0)  # answered once the stall is over
     assert cache.stats().waiters == 1  # and the lookup was taken

@@ -35,6 +35,7 @@ ALERTS = {
     "MmgateMailboxSaturated",
     "MmgateEngineNotReady",
     "MmgateActorDead",
+    "MmgateCacheDegraded",
     "MmgateRecursionRejections",
     "MmgateEngineStalled",
     "MmgateEventLoopBlocked",

@@ -66,6 +66,13 @@ LOOP_RECOVER_SECONDS = 1.0
 FLIGHT_STALL_SECONDS = 1.0
 COMPUTE_DEADLINE_SECONDS = 4.0
 HEALTH_INTERVAL_SECONDS = 0.2
+# the cache actor killed, then stalled, once each, early in the chaos suite's load (after its
+# reference run of the same number of requests; the kill before Redis is, so that the fresh
+# actor meets the dead Redis too): degraded mode under load
+CHAOS_REQUESTS = scaled(800, 10000)
+ACTOR_KILL_AFTER = CHAOS_REQUESTS + 20
+ACTOR_STALL_AFTER = CHAOS_REQUESTS + 150
+ACTOR_STALL_SECONDS = 1.5
 
 
 @pytest.fixture(scope="session")
@@ -102,6 +109,9 @@ def chaos_server(
         MMGATE_CACHE__COMPUTE_DEADLINE=str(COMPUTE_DEADLINE_SECONDS),
         MMGATE_REDIS__URL=chaos_redis.url,
         MMGATE_REDIS__BREAKER_SECONDS="1",
+        MMGATE_CHAOS__ACTOR_STALL_AFTER=str(ACTOR_STALL_AFTER),
+        MMGATE_CHAOS__ACTOR_STALL_SECONDS=str(ACTOR_STALL_SECONDS),
+        MMGATE_CHAOS__ACTOR_KILL_AFTER=str(ACTOR_KILL_AFTER),
     )
     yield running
     core = engine_core(running)

@@ -176,6 +176,16 @@ def chaos(r: dict[str, Any]) -> str:
         ),
         ("health SERVING again", f"{r['serving_after_seconds']} s after"),
     ]
+    if "degraded" in r:
+        d = r["degraded"]
+        rows.append(
+            (
+                "the cache actor killed, then stalled (degraded mode)",
+                f"lookups computed without it: {_counts(d['bypassed'])}; replaced "
+                f'{d["replacements"]} time(s); health seen as (mmgate.cache-actor, "", '
+                f"Inference): {_counts(d['health_seen'])}",
+            )
+        )
     injects = _paragraph(
         " ".join(
             (

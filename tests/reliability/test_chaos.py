@@ -11,6 +11,7 @@ Redis tier is used again, and health is SERVING again.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from collections import Counter
@@ -27,9 +28,13 @@ from tests.redis_support import RedisProcess
 from tests.services.prom import Scrape, scrape
 from tests.support import RunningServer, eventually
 
-from .conftest import CHAOS_PLANS, CHAOS_TENANT, record, scaled
+from .conftest import CHAOS_PLANS, CHAOS_REQUESTS, CHAOS_TENANT, record
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+STATUS = health_pb2.HealthCheckResponse.ServingStatus
+CACHE_ACTOR = "mmgate.cache-actor"
+INFERENCE = "mmgate.v1.Inference"
 CONCURRENCY = 32
 TIMEOUT_SECONDS = 5.0  # each request's deadline: a stalled one ends here
 MIX = Mix(
@@ -86,7 +91,7 @@ async def test_faults_and_a_rude_client_leave_nothing_behind(
     chaos_server: RunningServer, chaos_redis: RedisProcess
 ) -> None:
     server = chaos_server
-    requests = scaled(800, 10000)
+    requests = CHAOS_REQUESTS
     workload = Workload(MIX)
     plans = [workload.next() for _ in range(requests)]
     async with (
@@ -116,12 +121,25 @@ async def test_faults_and_a_rude_client_leave_nothing_behind(
                 chaos_redis.start()
                 redis_events["restarted_after"] = done
 
+        # the health services as a prober sees them through the load (the cache actor is
+        # stalled, then killed, early in it: conftest.py)
+        seen: Counter[tuple[int, int, int]] = Counter()
+
+        async def probe() -> None:
+            while True:
+                states = [await calm.health(s) for s in (CACHE_ACTOR, "", INFERENCE)]
+                seen[states[0], states[1], states[2]] += 1
+                await asyncio.sleep(0.05)
+
+        prober = asyncio.ensure_future(probe())
         outcomes, _, wall = await run(
             chaos,
             Workload(MIX),
             Limits(requests=requests, concurrency=CONCURRENCY, timeout=TIMEOUT_SECONDS),
             on_done,
         )
+        prober.cancel()
+        await asyncio.gather(prober, return_exceptions=True)
         assert set(redis_events) == {"killed_after", "restarted_after"}
         codes = Counter(ended(o) for o in outcomes)
         assert len(outcomes) == requests  # every request was answered
@@ -157,7 +175,8 @@ async def test_faults_and_a_rude_client_leave_nothing_behind(
         resent = await resend_bursts(server, chaos, plans, tokens)
 
         async def serving() -> bool:
-            return all([await calm.health(s) == SERVING for s in ("", "liveness", "readiness")])
+            services = ("", "liveness", "readiness", CACHE_ACTOR)
+            return all([await calm.health(s) == SERVING for s in services])
 
         serving_after = await eventually(serving, timeout=30)
         # the server answers a calm request at once
@@ -172,6 +191,19 @@ async def test_faults_and_a_rude_client_leave_nothing_behind(
         }
         for point in ("decode", "encode", "engine"):
             assert sum(v for k, v in injected.items() if k.startswith(point)) > 0, injected
+        # degraded mode: the stalled and the dead actor's lookups were computed by their
+        # requests, the dead one replaced once; meanwhile the cache actor's health service said
+        # NOT_SERVING while "" and the inference service stayed SERVING
+        degraded = {
+            reason: metrics.total("mmgate_cache_bypassed_total", reason=reason)
+            for reason in ("cache_stalled", "cache_dead")
+        }
+        for fault in ("stall", "kill"):
+            assert metrics.value("mmgate_chaos_faults_total", point="actor", fault=fault) == 1
+        assert all(degraded.values()), degraded
+        assert metrics.value("mmgate_cache_actor_replacements_total") == 1
+        assert seen[NOT_SERVING, SERVING, SERVING] > 0, seen
+        assert metrics.value("mmgate_cache_degraded") == 0
         actor = (await chaos.stats()).actor
 
         # the tier is used again after the restart: what is computed now is written there
@@ -223,6 +255,14 @@ async def test_faults_and_a_rude_client_leave_nothing_behind(
                 "write_errors": actor.tier_write_errors,
             },
             "serving_after_seconds": round(serving_after, 2),
+            "degraded": {
+                "bypassed": degraded,
+                "replacements": 1,
+                # (mmgate.cache-actor, "", the inference service) -> times seen
+                "health_seen": {
+                    "/".join(map(STATUS.Name, states)): count for states, count in seen.items()
+                },
+            },
         },
     )
 

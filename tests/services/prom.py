@@ -41,6 +41,7 @@ DASHBOARD_NAMES = (
     "mmgate_actor_recursion_rejections_total",
     "mmgate_actor_compute_timeouts_total",
     "mmgate_actor_tier_errors_total",
+    "mmgate_cache_degraded",
     "mmgate_grpc_requests_total",
     "mmgate_grpc_request_duration_seconds",
     "mmgate_grpc_streams_in_flight",

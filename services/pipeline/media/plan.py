@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, final
 
-from cache_actor import CacheActor
-
 from ...config import MediaSettings
 from ...engine.placement import Accelerators, EncoderMemory, engine_share
 from ...models import image_tokens, model_config
+from ..cache_front import CacheFront
 from ..chaos import NoChaos
 from ..threads import ThreadPools
 from .stages import MediaStage, media_stage
@@ -64,7 +63,7 @@ class MediaPlan:
             )
 
     def stage(
-        self, cache: CacheActor, engine: EngineWorker, *, threads: ThreadPools, chaos: NoChaos
+        self, cache: CacheFront, engine: EngineWorker, *, threads: ThreadPools, chaos: NoChaos
     ) -> MediaStage:
         """The media stage for the started engine: chosen once, never tested for again."""
         return media_stage(

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, final
 
 from PIL import Image
 
-from cache_actor import CacheActor, Lookup
+from cache_actor import Lookup
 
 from ...config import MediaSettings
 from ...engine.tensors import tensor_nbytes
@@ -52,6 +52,7 @@ from ...observability.lookups import stage
 from ...observability.spans import span
 from ...types import EngineImages, ImageInput, ImageReport, MediaForm, MediaStats
 from ...wire import digest_of
+from ..cache_front import CacheFront, outcome_of
 from ..chaos import NoChaos
 from ..request import EMBEDDING_TIER, MEMORY_ONLY, seconds_left
 from ..threads import ThreadPools
@@ -156,7 +157,7 @@ class PixelsStage(MediaStage):
     def __init__(
         self,
         settings: MediaSettings,
-        cache: CacheActor,
+        cache: CacheFront,
         model_name: str,
         *,
         placeholder_tokens: int,
@@ -236,7 +237,7 @@ class PixelsStage(MediaStage):
             lookup = await self._lookup(source, tenant, deadline)
         report = ImageReport(
             digest=source.digest,
-            outcome=lookup.outcome.value,
+            outcome=outcome_of(lookup)[0],
             tier=lookup.tier or "",
             form=self.form,
         )
@@ -301,7 +302,7 @@ class EmbeddingsStage(PixelsStage):
     def __init__(
         self,
         settings: MediaSettings,
-        cache: CacheActor,
+        cache: CacheFront,
         model_name: str,
         encoder: VisionEncoder,
         *,
@@ -366,7 +367,7 @@ class EmbeddingsStage(PixelsStage):
 
 def media_stage(
     settings: MediaSettings,
-    cache: CacheActor,
+    cache: CacheFront,
     model_name: str,
     *,
     takes_images: bool,

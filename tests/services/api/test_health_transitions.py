@@ -1,7 +1,8 @@
 """A server's life as a client watching its health sees it, on the session's in-process server
 (tests/services/in_process.py): alive but not ready while the engine starts, SERVING once it is
-up; the actor gone, neither ready nor alive; and closing the engine stops mmgate's use of it
-before the engine itself stops. The two that end the server run last (``ends_server``).
+up; the actor dead with on_failure "fail", neither ready nor alive; and closing the engine stops
+mmgate's use of it before the engine itself stops. The two that end the server run last
+(``ends_server``).
 """
 
 import logging
@@ -11,7 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.api.health import LIVENESS, READINESS
+from services.api.health import CACHE_ACTOR, LIVENESS, READINESS
 from services.api.server import INFERENCE
 from services.types import EngineRequest, Sampling
 
@@ -31,6 +32,11 @@ async def next_status(stream: grpc.aio.UnaryStreamCall, wanted: int) -> int:
     raise AssertionError("the health stream ended")
 
 
+async def health_of(health: health_pb2_grpc.HealthStub, service: str) -> int:
+    response = await health.Check(health_pb2.HealthCheckRequest(service=service))
+    return int(response.status)
+
+
 async def test_readiness_waits_for_the_engine_and_liveness_does_not(
     llava_in_process: InProcess,
 ) -> None:
@@ -42,23 +48,30 @@ async def test_readiness_waits_for_the_engine_and_liveness_does_not(
     server = llava_in_process.server
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
         health = health_pb2_grpc.HealthStub(channel)
-        for service in ("", INFERENCE, READINESS, LIVENESS):
+        for service in ("", INFERENCE, READINESS, LIVENESS, CACHE_ACTOR):
             response = await health.Check(health_pb2.HealthCheckRequest(service=service))
             assert response.status == SERVING, service
 
 
 @pytest.mark.ends_server
-async def test_without_the_actor_neither_ready_nor_alive(llava_in_process: InProcess) -> None:
+async def test_with_on_failure_fail_a_dead_actor_leaves_it_neither_ready_nor_alive(
+    llava_in_process: InProcess,
+) -> None:
+    """MMGATE_CACHE__ON_FAILURE=fail, the behaviour before degraded mode: no replacement."""
     server = llava_in_process.server
+    server.cache.on_failure = "fail"
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
         health = health_pb2_grpc.HealthStub(channel)
         liveness = health.Watch(health_pb2.HealthCheckRequest(service=LIVENESS), timeout=30)
         readiness = health.Watch(health_pb2.HealthCheckRequest(service=READINESS), timeout=30)
         assert await next_status(liveness, SERVING) == SERVING
         assert await next_status(readiness, SERVING) == SERVING
-        await server.cache.aclose()  # the actor is gone: the monitor notices within a second
+        dead = server.cache.actor
+        dead.inject_fault("crash")  # the actor is gone: the monitor notices within a second
         assert await next_status(liveness, NOT_SERVING) == NOT_SERVING
         assert await next_status(readiness, NOT_SERVING) == NOT_SERVING
+        assert server.cache.actor is dead
+        assert await health_of(health, CACHE_ACTOR) == NOT_SERVING
         liveness.cancel()
         readiness.cancel()
 

@@ -29,6 +29,10 @@ def test_fault_rates_without_enabled_are_refused() -> None:
         Settings(chaos={"engine": {"stall": 0.1}})
     with pytest.raises(ValidationError, match="MMGATE_CHAOS__ENABLED=true"):
         Settings(chaos={"tenants": {"t": {"loop_block": 0.5}}})
+    with pytest.raises(ValidationError, match="MMGATE_CHAOS__ENABLED=true"):
+        Settings(chaos={"actor_kill_after": 3})
+    with pytest.raises(ValidationError, match="MMGATE_CHAOS__ENABLED=true"):
+        Settings(chaos={"actor_stall_after": 0})
     with pytest.raises(ValidationError, match="must not exceed 1"):
         Settings(chaos={"enabled": True, "decode": {"fail": 0.6, "slow": 0.6}})
     assert isinstance(injector(Settings().chaos), NoChaos)
@@ -135,7 +139,33 @@ def test_a_loop_block_holds_the_calling_thread(monkeypatch: pytest.MonkeyPatch) 
     slept: list[float] = []
     monkeypatch.setattr("services.pipeline.chaos.time.sleep", slept.append)
     injected = chaos(loop_block=1.0, block_seconds=0.25)
-    injected.at_request("t")
-    chaos(loop_block=0.0).at_request("t")
+    injected.at_request("t", ActorStandIn())  # type: ignore[arg-type]
+    chaos(loop_block=0.0).at_request("t", ActorStandIn())  # type: ignore[arg-type]
     assert slept == [0.25]
     assert injected.injected == {("loop_block", "block"): 1}
+
+
+class ActorStandIn:
+    """What the actor's faults reach: the faults it was told to take."""
+
+    def __init__(self) -> None:
+        self.faults: list[tuple[str, float]] = []
+
+    def inject_fault(self, kind: str, seconds: float = 0.0) -> None:
+        self.faults.append((kind, seconds))
+
+
+def test_the_actor_is_killed_and_stalled_once_each_after_so_many_requests() -> None:
+    actor = ActorStandIn()
+    injected = chaos(actor_kill_after=3, actor_stall_after=1, actor_stall_seconds=2.5)
+    met: list[int] = []  # the requests that met a fault, counted from 1
+    for request in range(1, 9):
+        before = len(actor.faults)
+        injected.at_request("t", actor)  # type: ignore[arg-type]
+        met += [request] * (len(actor.faults) - before)
+    assert actor.faults == [("stall", 2.5), ("crash", 0.0)]
+    assert met == [2, 4]  # after 1 request, after 3
+    assert injected.injected == {("actor", "stall"): 1, ("actor", "kill"): 1}
+    untouched = ActorStandIn()
+    chaos().at_request("t", untouched)  # type: ignore[arg-type]
+    assert untouched.faults == []

@@ -16,6 +16,7 @@ from services.api.validation import validate
 from services.client import HeldImages, build_request, digest_of
 from services.config import Settings
 from services.errors import ImageNotHeld, ImageRejected, InvalidRequest
+from services.pipeline.cache_front import CacheFront
 from services.pipeline.media import PixelsStage, decode, sniff
 from services.pipeline.prompts import content_parts
 from services.pipeline.threads import ThreadPools
@@ -190,7 +191,8 @@ def ref(digest: str, index: int = 0) -> ImageInput:
 
 @pytest.fixture
 async def pipeline() -> Any:
-    async with CacheActor() as cache:
+    async with CacheActor() as actor:
+        cache = CacheFront(lambda: actor)
         yield PixelsStage(SETTINGS.media, cache, "tiny", placeholder_tokens=16, threads=THREADS)
 
 
@@ -258,7 +260,8 @@ async def test_a_corrupt_image_is_invalid_and_not_cached(pipeline: PixelsStage) 
 
 async def test_a_miss_path_that_looks_the_image_up_again_fails_fast() -> None:
     """The ghost-key failure: a miss path that re-enters the cache for its own key."""
-    async with CacheActor() as cache:
+    async with CacheActor() as actor:
+        cache = CacheFront(lambda: actor)
         stage_ = ReEntering(SETTINGS.media, cache, "tiny", placeholder_tokens=16, threads=THREADS)
         bytes_ = png(14)
         with pytest.raises(CacheRecursionError):

@@ -12,6 +12,7 @@ import pytest
 from cache_actor import CacheActor, InMemoryTier
 from services.config import Settings
 from services.engine.values import BadValue
+from services.pipeline.cache_front import CacheFront
 from services.pipeline.generation import Pipeline
 from services.pipeline.media import NoImages
 from services.pipeline.request import Request
@@ -73,7 +74,8 @@ async def test_a_request_streamed_in_other_groups_runs_on_its_own() -> None:
     # the same tokens, but a caller who asked for every token as it comes must not get a run's
     # groups of 4 (or the other way round)
     engine = PacedEngine()
-    async with CacheActor() as cache:
+    async with CacheActor() as actor:
+        cache = CacheFront(lambda: actor)
         pipeline = Pipeline(Settings(), engine, cache, NoImages(engine.model_name))
         first = pipeline.generate(shared_request())
         assert isinstance(await anext(first), EngineDelta)
@@ -87,7 +89,8 @@ async def test_a_request_streamed_in_other_groups_runs_on_its_own() -> None:
 
 async def test_a_request_joins_a_run_in_the_middle() -> None:
     engine = PacedEngine()
-    async with CacheActor() as cache:
+    async with CacheActor() as actor:
+        cache = CacheFront(lambda: actor)
         pipeline = Pipeline(Settings(), engine, cache, NoImages(engine.model_name))
 
         first = pipeline.generate(shared_request())
@@ -140,7 +143,8 @@ class FailingEngine(PacedEngine):
 async def test_only_a_run_that_finished_normally_reaches_the_second_tier() -> None:
     tier = InMemoryTier("redis")
     engine = PacedEngine()
-    async with CacheActor(tier=tier) as cache:
+    async with CacheActor(tier=tier) as actor:
+        cache = CacheFront(lambda: actor)
         pipeline = Pipeline(Settings(), engine, cache, NoImages(engine.model_name))
         run = pipeline.generate(shared_request())
         await anext(run)  # the run is in its middle: its recording is in memory, not the tier
@@ -161,7 +165,8 @@ async def test_only_a_run_that_finished_normally_reaches_the_second_tier() -> No
 
     tier = InMemoryTier("redis")
     failing = FailingEngine()
-    async with CacheActor(tier=tier) as cache:
+    async with CacheActor(tier=tier) as actor:
+        cache = CacheFront(lambda: actor)
         pipeline = Pipeline(Settings(), failing, cache, NoImages(failing.model_name))
         run = pipeline.generate(shared_request())
         await anext(run)

@@ -159,18 +159,20 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class CacheLookup(_message.Message):
-    __slots__ = ("stage", "key", "outcome", "tier", "wait_ms")
+    __slots__ = ("stage", "key", "outcome", "tier", "wait_ms", "reason")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     stage: str
     key: str
     outcome: str
     tier: str
     wait_ms: float
-    def __init__(self, stage: _Optional[str] = ..., key: _Optional[str] = ..., outcome: _Optional[str] = ..., tier: _Optional[str] = ..., wait_ms: _Optional[float] = ...) -> None: ...
+    reason: str
+    def __init__(self, stage: _Optional[str] = ..., key: _Optional[str] = ..., outcome: _Optional[str] = ..., tier: _Optional[str] = ..., wait_ms: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ImageReport(_message.Message):
     __slots__ = ("digest", "outcome", "tier", "form")

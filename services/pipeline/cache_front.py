@@ -1,0 +1,269 @@
+"""The cache as the service uses it: the actor, and what a request does when the actor cannot
+answer (MMGATE_CACHE__ON_FAILURE).
+
+    stage ─▶ front.get(key, compute) ─▶ actor.get ─▶ hit | miss | coalesced
+                  │                         │
+                  │  dead (CacheActorDead) ─┤─▶ replaced by a fresh, empty actor (at most
+                  │                         │   MAX_REPLACEMENTS in REPLACEMENT_WINDOW seconds)
+                  │  stalled (the health    │
+                  │  monitor's ping failed) ┘
+                  └─▶ "compute": compute() here, for this request alone: no coalescing, no
+                      storing ("bypass", with the reason, in the report and the span)
+                      "fail": the error, as before degraded mode (UNAVAILABLE)
+
+A full mailbox stays RESOURCE_EXHAUSTED in both: that is overload, not a fault, and computing
+without coalescing would make it worse. The computations run where they always do (the stage
+thread pools, inside the request's admission), so a degraded replica is slower, never unbounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Final, Literal, TypeVar, final
+
+from cache_actor import (
+    CacheActor,
+    CacheActorDead,
+    CacheConfig,
+    CacheStats,
+    EntryInfo,
+    Lookup,
+    Outcome,
+    TenantStats,
+    TierUse,
+)
+
+from ..observability.degraded_metrics import DegradedStats
+from ..observability.lookups import current_stage
+from ..observability.spans import span
+from ..observability.tracing import key_digest
+
+log = logging.getLogger("mmgate.cache")
+
+V = TypeVar("V")
+
+# A dead actor is replaced at most this many times in this many seconds; one more death and
+# liveness fails, so that the orchestrator restarts the pod.
+MAX_REPLACEMENTS: Final = 3
+REPLACEMENT_WINDOW: Final = 600.0
+
+Reason = Literal["cache_dead", "cache_stalled"]
+ANY_STAGE: Final = TierUse()
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Bypassed(Lookup[V]):
+    """A value the request computed itself because the actor could not answer."""
+
+    reason: str = ""
+
+
+def outcome_of(lookup: Lookup[Any]) -> tuple[str, str]:
+    """What a request's report says of a lookup: its outcome, and why it was bypassed."""
+    if isinstance(lookup, Bypassed):
+        return "bypass", lookup.reason
+    return lookup.outcome.value, ""
+
+
+@final
+class CacheFront:
+    """The current cache actor and the service's policy when it cannot answer."""
+
+    def __init__(
+        self,
+        make: Callable[[], CacheActor],
+        on_failure: Literal["compute", "fail"] = "compute",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._make = make
+        self.on_failure = on_failure
+        self.clock = clock
+        self.actor = make()
+        self.stalled = False
+        self.replaced: collections.deque[float] = collections.deque()  # when, recent ones
+        self.replacements = 0
+        self.exhausted = False  # dead once more than the replacements allow: liveness fails
+        self.bypassed: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._stall: asyncio.Future[None] | None = None
+        self.closing = False  # shutting down: a closed actor is not replaced
+
+    # ── state ───────────────────────────────────────────────────────────────────────────────
+
+    @property
+    def degraded(self) -> Reason | None:
+        """Why lookups are computed without the cache now (None: the actor answers)."""
+        if not self.actor.alive:
+            return "cache_dead"
+        return "cache_stalled" if self.stalled else None
+
+    def start(self) -> None:
+        self.actor.start()
+
+    def found_stalled(self) -> None:
+        """The health monitor's ping went unanswered: lookups waiting on the actor, and those
+        to come, compute for themselves until it answers again."""
+        if self.stalled or not self.actor.alive:
+            return
+        self.stalled = True
+        log.error(
+            "cache actor not answering: %s until it does",
+            "requests compute without the cache"
+            if self.on_failure == "compute"
+            else "requests fail and liveness fails",
+        )
+        if self._stall is not None and not self._stall.done():
+            self._stall.set_result(None)
+
+    def found_answering(self) -> None:
+        if self.stalled:
+            self.stalled = False
+            self._stall = None
+            log.warning("cache actor answering again: requests use the cache")
+
+    def found_dead(self, actor: CacheActor | None = None) -> None:
+        """``actor`` (the current one when None) has died: replace it while the window allows."""
+        dead = actor or self.actor
+        if dead is not self.actor or dead.alive or self.exhausted or self.closing:
+            return
+        now = self.clock()
+        while self.replaced and now - self.replaced[0] > REPLACEMENT_WINDOW:
+            self.replaced.popleft()
+        lost = dead.stats()
+        if self.on_failure == "fail" or len(self.replaced) >= MAX_REPLACEMENTS:
+            self.exhausted = True
+            log.critical(
+                "cache actor died%s: liveness fails",
+                f" for the {MAX_REPLACEMENTS + 1}th time in {REPLACEMENT_WINDOW / 60:.0f} minutes"
+                if self.on_failure == "compute"
+                else "",
+            )
+            return
+        self.replaced.append(now)
+        self.replacements += 1
+        self.stalled = False
+        self._stall = None
+        self.actor = self._make()
+        self.actor.start()
+        log.error(
+            "cache actor died; replaced by an empty one (%d of %d in %.0f minutes): lost %d "
+            "entries (%d bytes) and %d computations in flight, which are computed again",
+            len(self.replaced),
+            MAX_REPLACEMENTS,
+            REPLACEMENT_WINDOW / 60,
+            lost.entries,
+            lost.bytes,
+            lost.flights,
+        )
+
+    def figures(self) -> DegradedStats:
+        return DegradedStats(self.degraded is not None, self.replacements, dict(self.bypassed))
+
+    # ── lookups ─────────────────────────────────────────────────────────────────────────────
+
+    async def get(
+        self,
+        key: str,
+        compute: Callable[[], Awaitable[V]],
+        *,
+        tenant: str = "default",
+        timeout: float | None = None,
+        tier: TierUse | None = None,
+    ) -> Lookup[V]:
+        """The actor's lookup; where it cannot answer and the policy is "compute", the value
+        computed for this caller alone (a ``Bypassed`` lookup)."""
+        tier = tier or ANY_STAGE
+        if self.on_failure == "fail":
+            return await self.actor.get(key, compute, tenant=tenant, timeout=timeout, tier=tier)
+        if not self.actor.alive:
+            self.found_dead()  # noticed before the health monitor: replaced now, if it may be
+        actor, reason = self.actor, self.degraded
+        if reason is None:
+            if self._stall is None:
+                self._stall = asyncio.get_running_loop().create_future()
+            stall = self._stall
+            lookup = asyncio.ensure_future(
+                actor.get(key, compute, tenant=tenant, timeout=timeout, tier=tier)
+            )
+            try:
+                await asyncio.wait((lookup, stall), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not lookup.done():
+                    lookup.cancel()  # it leaves the flight, which goes on for the others
+            if lookup.done() and not lookup.cancelled():
+                try:
+                    return lookup.result()
+                except CacheActorDead:
+                    self.found_dead(actor)
+                    reason = "cache_dead"
+            else:
+                reason = "cache_stalled"
+        return await self._bypass(key, compute, tenant, reason)
+
+    async def _bypass(
+        self, key: str, compute: Callable[[], Awaitable[V]], tenant: str, reason: Reason
+    ) -> Bypassed[V]:
+        stage = current_stage()
+        self.bypassed[stage, reason] += 1
+        attributes: dict[str, str] = {
+            "mmgate.cache.key": key_digest(key),
+            "mmgate.cache.stage": stage,
+            "mmgate.cache.tenant": tenant,
+            "mmgate.cache.outcome": "bypass",
+            "mmgate.cache.bypass_reason": reason,
+        }
+        with span("cache.lookup", attributes):
+            value = await compute()
+        return Bypassed(value, Outcome.MISS, None, 0, reason=reason)
+
+    # ── the rest of the actor's interface ──────────────────────────────────────────────────
+
+    def put(self, key: str, value: Any, *, tenant: str = "default", stage: str = "") -> None:
+        if self.degraded is None:
+            self.actor.put(key, value, tenant=tenant, stage=stage)
+
+    async def invalidate(
+        self,
+        key: str,
+        *,
+        tenant: str = "default",
+        timeout: float = 5.0,
+        stage: str | None = None,
+        local: bool = False,
+    ) -> bool:
+        return await self.actor.invalidate(
+            key, tenant=tenant, timeout=timeout, stage=stage, local=local
+        )
+
+    async def inspect(
+        self, key: str, *, tenant: str = "default", timeout: float = 5.0
+    ) -> EntryInfo:
+        return await self.actor.inspect(key, tenant=tenant, timeout=timeout)
+
+    async def ping(self, timeout: float = 1.0) -> float:
+        return await self.actor.ping(timeout)
+
+    @property
+    def config(self) -> CacheConfig:
+        return self.actor.config
+
+    def stats(self) -> CacheStats:
+        return self.actor.stats()
+
+    def tenant_stats(self, tenant: str | None = None) -> tuple[TenantStats, ...]:
+        return self.actor.tenant_stats(tenant)
+
+    def inject_fault(self, kind: Literal["crash", "stall"], seconds: float = 0.0) -> None:
+        self.actor.inject_fault(kind, seconds)
+
+    async def aclose(self) -> None:
+        self.closing = True
+        await self.actor.aclose()
+
+
+__all__ = ["MAX_REPLACEMENTS", "REPLACEMENT_WINDOW", "Bypassed", "CacheFront", "outcome_of"]

@@ -1,0 +1,159 @@
+"""Degraded mode on a real cache actor: a lookup the actor cannot answer is computed by the
+caller (compute) or fails (fail); a dead actor is replaced, three times in ten minutes at most.
+
+The real server's degraded mode, under load with fault injection, is tested in
+tests/reliability/test_degraded.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from cache_actor import CacheActor, CacheActorDead, Outcome
+from services.pipeline.cache_front import (
+    MAX_REPLACEMENTS,
+    REPLACEMENT_WINDOW,
+    Bypassed,
+    CacheFront,
+    outcome_of,
+)
+from tests.support import Gate
+
+pytestmark = pytest.mark.asyncio
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def front(on_failure: str = "compute", clock: Clock | None = None) -> CacheFront:
+    made = CacheFront(CacheActor, on_failure, clock or Clock())  # type: ignore[arg-type]
+    made.start()
+    return made
+
+
+async def value(result: int = 7) -> int:
+    return result
+
+
+async def test_a_live_actor_answers_as_ever() -> None:
+    cache = front()
+    first = await cache.get("k", value)
+    second = await cache.get("k", value)
+    assert (first.outcome, second.outcome) == (Outcome.MISS, Outcome.HIT)
+    assert outcome_of(second) == ("hit", "")
+    assert cache.degraded is None
+    await cache.aclose()
+
+
+async def test_a_dead_actor_is_replaced_and_the_lookup_computed_meanwhile(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cache = front()
+    await cache.get("k", value)
+    waiting = Gate()
+    pending = asyncio.ensure_future(cache.get("slow", waiting))
+    await waiting.started.wait()
+    dead = cache.actor
+    dead.inject_fault("crash")
+    caplog.set_level(logging.ERROR, "mmgate.cache")
+    waiting.release.set()
+    lookup = await pending  # the actor died under it: computed here instead
+    assert waiting.calls == 2  # the flight's computation went with the actor
+    assert isinstance(lookup, Bypassed)
+    assert outcome_of(lookup) == ("bypass", "cache_dead")
+    assert cache.actor is not dead
+    assert cache.actor.alive
+    assert cache.replacements == 1
+    assert "replaced by an empty one" in caplog.text
+    assert "lost 1 entries" in caplog.text
+    # the fresh actor is empty, then caches again
+    assert (await cache.get("k", value)).outcome is Outcome.MISS
+    assert (await cache.get("k", value)).outcome is Outcome.HIT
+    assert cache.bypassed == {("other", "cache_dead"): 1}
+    await cache.aclose()
+
+
+async def test_a_fourth_death_in_ten_minutes_is_not_survived() -> None:
+    clock = Clock()
+    cache = front(clock=clock)
+    for death in range(MAX_REPLACEMENTS):
+        cache.actor.inject_fault("crash")
+        await asyncio.sleep(0)  # the loop takes the fault
+        assert not cache.actor.alive
+        lookup = await cache.get("k", value)  # a fresh actor took its place first
+        assert lookup.outcome is Outcome.MISS
+        assert cache.replacements == death + 1
+        clock.now += 60
+    cache.actor.inject_fault("crash")
+    await asyncio.sleep(0)
+    lookup = await cache.get("k", value)
+    assert outcome_of(lookup) == ("bypass", "cache_dead")  # still served
+    assert cache.exhausted
+    assert cache.degraded == "cache_dead"
+    assert cache.replacements == MAX_REPLACEMENTS
+
+
+async def test_deaths_further_apart_than_the_window_are_each_survived() -> None:
+    clock = Clock()
+    cache = front(clock=clock)
+    for _ in range(MAX_REPLACEMENTS + 2):
+        cache.actor.inject_fault("crash")
+        await asyncio.sleep(0)
+        cache.found_dead()
+        clock.now += REPLACEMENT_WINDOW / 2
+    assert not cache.exhausted
+    assert cache.actor.alive
+    await cache.aclose()
+
+
+async def test_lookups_waiting_on_a_stalled_actor_compute_for_themselves() -> None:
+    cache = front()
+    cache.inject_fault("stall", 3600)
+    pending = asyncio.ensure_future(cache.get("k", value))
+    await asyncio.sleep(0)
+    assert not pending.done()  # waits on the actor, until the health monitor finds it stalled
+    cache.found_stalled()
+    lookup = await pending
+    assert outcome_of(lookup) == ("bypass", "cache_stalled")
+    assert outcome_of(await cache.get("k", value)) == ("bypass", "cache_stalled")
+    assert cache.degraded == "cache_stalled"
+    cache.found_answering()
+    assert cache.degraded is None
+    cache.actor._core.task.cancel()  # end the stall: no hour-long close
+    await asyncio.sleep(0)
+
+
+async def test_fail_is_the_behaviour_before_degraded_mode() -> None:
+    cache = front("fail")
+    cache.actor.inject_fault("crash")
+    await asyncio.sleep(0)
+    with pytest.raises(CacheActorDead):
+        await cache.get("k", value)
+    cache.found_dead()
+    assert cache.exhausted  # liveness fails: no replacement
+    assert cache.replacements == 0
+    assert not cache.actor.alive
+
+
+async def test_nothing_is_stored_for_a_bypassed_lookup() -> None:
+    cache = front()
+    cache.found_stalled()
+    calls: list[int] = []
+
+    async def counted() -> int:
+        calls.append(1)
+        return 1
+
+    await asyncio.gather(*(cache.get("k", counted) for _ in range(3)))
+    assert len(calls) == 3  # no coalescing either
+    cache.found_answering()
+    assert (await cache.get("k", counted)).outcome is Outcome.MISS
+    await cache.aclose()
