@@ -2,6 +2,7 @@
 
 until(predicate)          yield to the loop until a condition holds (progress, not time)
 Gate, Stuck               computations held until released / never finishing by themselves
+Clock                     a clock a test moves by hand
 assert_no_leaked_tasks()  nothing left running on the loop but the caller
 free_port()               a loopback port nobody listens on
 wait_serving(target)      block until a server's health says SERVING (Watch: no polling)
@@ -79,6 +80,16 @@ class Gate:
         self.started.set()
         await self.release.wait()
         return self.value
+
+
+class Clock:
+    """A clock that moves only when a test moves it (``now``): durations without waiting."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 class Stuck:

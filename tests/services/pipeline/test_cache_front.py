@@ -20,17 +20,9 @@ from services.pipeline.cache_front import (
     CacheFront,
     outcome_of,
 )
-from tests.support import Gate
+from tests.support import Clock, Gate
 
 pytestmark = pytest.mark.asyncio
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def front(on_failure: str = "compute", clock: Clock | None = None) -> CacheFront:

@@ -13,16 +13,9 @@ import pytest
 
 from services.config import TenantSettings
 from services.pipeline.queue import EngineQueue, Slot
+from tests.support import Clock
 
 pytestmark = pytest.mark.asyncio
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def queue(slots: int | None = 2, **scheduling: dict[str, int | float]) -> EngineQueue:
