@@ -29,6 +29,7 @@ from services.pipeline.media import decode
 from services.pipeline.media import stages as media_stages
 from services.proto.mmgate.v1 import inference_pb2 as pb
 from services.wire import digest_of
+from tests.support import eventually
 
 from ..imagegen import png
 from ..in_process import TRACED_SERVICE, InProcess, finished
@@ -444,3 +445,37 @@ async def test_an_image_requests_spans_reach_an_otlp_receiver(
     assert_image_tree(nodes, caller, response.final.model)
     [server] = [s for s in received if s.name == COMPLETE]
     assert server.status_code == 0  # unset: the call succeeded
+
+
+async def test_a_degraded_servers_lookups_are_reported_and_traced_as_bypass(
+    traced: InProcess, client: MmgateClient
+) -> None:
+    """Degraded mode: with the actor stalled (fault injection) and found so, each lookup is
+    computed by the request itself, and its report and its spans say why."""
+    data = png(904)
+    await client.complete_request(ask(data))  # held: a hit, were the actor answering
+    front = traced.server.cache
+    front.inject_fault("stall", 3.0)
+    front.found_stalled()  # what the health monitor's next unanswered ping does
+    try:
+        caller = client_span()
+        response = await client.inference.Complete(ask(data), metadata=caller.metadata, timeout=60)
+        spans = await spans_of(traced, caller.trace_id, COMPLETE, "media.encode")
+    finally:
+
+        async def answering() -> bool:
+            return front.degraded is None
+
+        await eventually(answering, timeout=30)
+    reported = {
+        (lookup.stage, lookup.outcome, lookup.reason) for lookup in response.final.cache.lookups
+    }
+    assert reported == {
+        ("prompt", "bypass", "cache_stalled"),
+        ("embedding", "bypass", "cache_stalled"),
+    }
+    assert [image.outcome for image in response.final.cache.images] == ["bypass"]
+    lookups = {attrs(s)["mmgate.cache.stage"]: attrs(s) for s in spans if s.name == "cache.lookup"}
+    for stage in ("prompt", "embedding"):
+        assert lookups[stage]["mmgate.cache.outcome"] == "bypass"
+        assert lookups[stage]["mmgate.cache.bypass_reason"] == "cache_stalled"

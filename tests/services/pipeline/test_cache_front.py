@@ -12,7 +12,7 @@ import logging
 
 import pytest
 
-from cache_actor import CacheActor, CacheActorDead, Outcome
+from cache_actor import CacheActor, CacheActorDead, CacheConfig, CacheOverloaded, Outcome
 from services.pipeline.cache_front import (
     MAX_REPLACEMENTS,
     REPLACEMENT_WINDOW,
@@ -148,4 +148,18 @@ async def test_nothing_is_stored_for_a_bypassed_lookup() -> None:
     assert len(calls) == 3  # no coalescing either
     cache.found_answering()
     assert (await cache.get("k", counted)).outcome is Outcome.MISS
+    await cache.aclose()
+
+
+async def test_a_full_mailbox_is_overload_not_a_fault() -> None:
+    """RESOURCE_EXHAUSTED as before: computing without coalescing would add to the overload."""
+    cache = CacheFront(lambda: CacheActor(CacheConfig(mailbox_size=1)))
+    cache.start()
+    cache.inject_fault("stall", 0.2)  # nothing is taken from the mailbox meanwhile
+    first = asyncio.ensure_future(cache.get("a", value))
+    await asyncio.sleep(0)
+    with pytest.raises(CacheOverloaded):
+        await cache.get("b", value)
+    assert cache.bypassed == {}
+    assert (await first).outcome is Outcome.MISS
     await cache.aclose()
