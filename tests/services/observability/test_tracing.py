@@ -470,10 +470,7 @@ async def test_a_degraded_servers_lookups_are_reported_and_traced_as_bypass(
     reported = {
         (lookup.stage, lookup.outcome, lookup.reason) for lookup in response.final.cache.lookups
     }
-    assert reported == {
-        ("prompt", "bypass", "cache_stalled"),
-        ("embedding", "bypass", "cache_stalled"),
-    }
+    assert reported == {("prompt", "bypass", "cache_stalled")}  # images report apart
     assert [image.outcome for image in response.final.cache.images] == ["bypass"]
     lookups = {attrs(s)["mmgate.cache.stage"]: attrs(s) for s in spans if s.name == "cache.lookup"}
     for stage in ("prompt", "embedding"):
