@@ -31,6 +31,7 @@ from cache_actor import (
     CacheActorDead,
     CacheConfig,
     CacheStats,
+    ComputeTimeout,
     EntryInfo,
     Lookup,
     Outcome,
@@ -180,16 +181,21 @@ class CacheFront:
         tier = tier or ANY_STAGE
         if self.on_failure == "fail":
             return await self.actor.get(key, compute, tenant=tenant, timeout=timeout, tier=tier)
+        loop = asyncio.get_running_loop()
+        wait = self.actor.config.default_timeout if timeout is None else timeout
+        deadline = loop.time() + wait
         if not self.actor.alive:
             self.found_dead()  # noticed before the health monitor: replaced now, if it may be
         actor, reason = self.actor, self.degraded
         if reason is None:
             if self._stall is None:
-                self._stall = asyncio.get_running_loop().create_future()
+                self._stall = loop.create_future()
             stall = self._stall
             lookup = asyncio.ensure_future(
-                actor.get(key, compute, tenant=tenant, timeout=timeout, tier=tier)
+                actor.get(key, compute, tenant=tenant, timeout=wait, tier=tier)
             )
+            # its outcome is read below, unless this caller leaves first
+            lookup.add_done_callback(_retrieve)
             try:
                 await asyncio.wait((lookup, stall), return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -203,11 +209,18 @@ class CacheFront:
                     reason = "cache_dead"
             else:
                 reason = "cache_stalled"
-        return await self._bypass(key, compute, tenant, reason)
+        return await self._bypass(key, compute, tenant, reason, deadline, wait)
 
     async def _bypass(
-        self, key: str, compute: Callable[[], Awaitable[V]], tenant: str, reason: Reason
+        self,
+        key: str,
+        compute: Callable[[], Awaitable[V]],
+        tenant: str,
+        reason: Reason,
+        deadline: float,
+        wait: float,
     ) -> Bypassed[V]:
+        """``compute()`` in this caller's task, bounded by its wait as a lookup would be."""
         stage = current_stage()
         self.bypassed[stage, reason] += 1
         attributes: dict[str, str] = {
@@ -218,7 +231,13 @@ class CacheFront:
             "mmgate.cache.bypass_reason": reason,
         }
         with span("cache.lookup", attributes):
-            value = await compute()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    value = await compute()
+            except TimeoutError:
+                raise ComputeTimeout(
+                    f"no value for {key!r} within the caller's {wait:g} s"
+                ) from None
         return Bypassed(value, Outcome.MISS, None, 0, reason=reason)
 
     # ── the rest of the actor's interface ──────────────────────────────────────────────────
@@ -236,6 +255,16 @@ class CacheFront:
         stage: str | None = None,
         local: bool = False,
     ) -> bool:
+        actor = self.actor
+        try:
+            return await actor.invalidate(
+                key, tenant=tenant, timeout=timeout, stage=stage, local=local
+            )
+        except CacheActorDead:
+            self.found_dead(actor)
+            if self.actor is actor:
+                raise  # not replaced ("fail", or too many deaths)
+        # a dead actor's entries are gone with it; the fresh one still drops the second tier's
         return await self.actor.invalidate(
             key, tenant=tenant, timeout=timeout, stage=stage, local=local
         )
@@ -264,6 +293,12 @@ class CacheFront:
     async def aclose(self) -> None:
         self.closing = True
         await self.actor.aclose()
+
+
+def _retrieve(lookup: asyncio.Future[Any]) -> None:
+    """Mark a lookup's failure as seen: its caller may have left before reading it."""
+    if not lookup.cancelled():
+        lookup.exception()
 
 
 __all__ = ["MAX_REPLACEMENTS", "REPLACEMENT_WINDOW", "Bypassed", "CacheFront", "outcome_of"]

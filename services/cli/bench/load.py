@@ -36,6 +36,7 @@ class Outcome:
     started: float  # seconds since the run began
     code: str = "OK"  # the gRPC status; CANCELLED: the client cancelled it (cancel_ratio)
     reason: str = ""  # mmgate's ErrorInfo reason of a failure (OVERLOADED, INJECTED_FAULT, ...)
+    message: str = ""  # the status message of a failure
     ttft: float | None = None
     latency: float = 0.0
     tokens: int = 0
@@ -67,6 +68,7 @@ async def one(client: MmgateClient, planned: Planned, began: float, timeout: flo
     except grpc.aio.AioRpcError as error:
         outcome.code = error.code().name
         outcome.reason = error_reason(error)
+        outcome.message = error.details() or ""
     outcome.latency = time.perf_counter() - start
     return outcome
 

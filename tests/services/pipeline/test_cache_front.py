@@ -8,11 +8,20 @@ tests/reliability/test_degraded.py.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+from typing import Any
 
 import pytest
 
-from cache_actor import CacheActor, CacheActorDead, CacheConfig, CacheOverloaded, Outcome
+from cache_actor import (
+    CacheActor,
+    CacheActorDead,
+    CacheConfig,
+    CacheOverloaded,
+    ComputeTimeout,
+    Outcome,
+)
 from services.pipeline.cache_front import (
     MAX_REPLACEMENTS,
     REPLACEMENT_WINDOW,
@@ -129,6 +138,8 @@ async def test_fail_is_the_behaviour_before_degraded_mode() -> None:
     await asyncio.sleep(0)
     with pytest.raises(CacheActorDead):
         await cache.get("k", value)
+    with pytest.raises(CacheActorDead):
+        await cache.invalidate("k")
     cache.found_dead()
     assert cache.exhausted  # liveness fails: no replacement
     assert cache.replacements == 0
@@ -162,4 +173,52 @@ async def test_a_full_mailbox_is_overload_not_a_fault() -> None:
         await cache.get("b", value)
     assert cache.bypassed == {}
     assert (await first).outcome is Outcome.MISS
+    await cache.aclose()
+
+
+async def test_a_bypassed_computation_is_bounded_by_the_callers_wait() -> None:
+    """Computed in the caller's task, it ends with the caller's wait, as a lookup would."""
+    cache = front()
+    cache.found_stalled()
+    never = Gate()
+    with pytest.raises(ComputeTimeout, match=r"within the caller's 0\.01 s"):
+        await cache.get("k", never, timeout=0.01)
+    assert never.calls == 1
+    await cache.aclose()
+
+
+async def test_an_invalidation_reaching_a_dead_actor_goes_to_its_replacement() -> None:
+    cache = front()
+    await cache.get("k", value)
+    dead = cache.actor
+    dead.inject_fault("crash")
+    await asyncio.sleep(0)
+    assert await cache.invalidate("k") is False  # the entry died with the actor
+    assert cache.actor is not dead
+    assert cache.replacements == 1
+    await cache.aclose()
+
+
+async def test_a_failure_its_caller_left_before_reading_is_not_reported_as_lost() -> None:
+    """A caller cancelled just as its lookup failed: asyncio must not log the lookup's error
+    as never retrieved (a chaos run's log filled with them)."""
+    reported: list[dict[str, Any]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: reported.append(context))
+    cache = front()
+
+    async def leave_as_it_fails() -> None:
+        gate = Gate()
+        caller = asyncio.ensure_future(cache.get("k", gate))
+        await gate.started.wait()
+        (lookup,) = [t for t in asyncio.all_tasks() if "CacheActor.get" in repr(t.get_coro())]
+        # the lookup fails with CacheActorDead, and its caller leaves before reading it
+        lookup.add_done_callback(lambda _: caller.cancel())
+        cache.actor.inject_fault("crash")
+        await asyncio.wait([caller])
+        assert caller.cancelled()
+        assert gate.calls == 1  # it did not get as far as computing for itself
+
+    await leave_as_it_fails()
+    gc.collect()  # the lookup task is gone: asyncio reports a failure nobody read here
+    assert reported == []
     await cache.aclose()
