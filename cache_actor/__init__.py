@@ -14,6 +14,7 @@ from .errors import (
     CacheRecursionError,
     ComputeTimeout,
 )
+from .events import CacheEvent, Journal, Watcher
 from .flights import waiting_to_start
 from .lookup import Lookup, LookupEvent, LookupHook, Outcome
 from .stats import CacheStats, EntryInfo
@@ -25,12 +26,14 @@ __all__ = [
     "CacheActorDead",
     "CacheConfig",
     "CacheError",
+    "CacheEvent",
     "CacheOverloaded",
     "CacheRecursionError",
     "CacheStats",
     "ComputeTimeout",
     "EntryInfo",
     "InMemoryTier",
+    "Journal",
     "Lookup",
     "LookupEvent",
     "LookupHook",
@@ -38,6 +41,7 @@ __all__ = [
     "SecondTier",
     "TenantStats",
     "TierUse",
+    "Watcher",
     "Weigher",
     "default_weigher",
     "waiting_to_start",

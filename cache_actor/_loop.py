@@ -32,6 +32,7 @@ from ._tier_io import TierIO
 from ._watchdog import Watchdog
 from .config import CacheConfig
 from .errors import CacheActorDead, CacheError, CacheOverloaded, CacheRecursionError, ComputeTimeout
+from .events import Journal
 from .flights import COMPUTING, Flight, Waiter
 from .lookup import Lookup, Outcome
 from .mailbox import Mailbox
@@ -53,8 +54,11 @@ class InjectedCrash(Exception):
 
 @final
 class ActorLoop:
-    def __init__(self, config: CacheConfig, tier: SecondTier | None) -> None:
+    def __init__(
+        self, config: CacheConfig, tier: SecondTier | None, journal: Journal | None = None
+    ) -> None:
         self.config = config
+        self.journal = journal
         self.counters = Counters()
         self.tenants = TenantLedger(config.max_tenants)
         self.store = Store(
@@ -63,6 +67,7 @@ class ActorLoop:
             max_entry_bytes=config.max_entry_bytes,
             ttl_seconds=config.ttl_seconds,
             counters=self.counters,
+            on_change=None if journal is None else journal.publish,
         )
         self.mailbox = Mailbox(config.mailbox_size)
         self.flights: dict[FullKey, Flight] = {}
@@ -246,6 +251,8 @@ class ActorLoop:
             started_at=now,
             leader=request.future,
             leader_token=request.token,
+            stage=request.tier_use.stage,
+            label=request.label,
         )
         flight.add_waiter(request.future, self._park(request, source))
         self.flights[request.full_key] = flight
@@ -300,7 +307,7 @@ class ActorLoop:
             self.tenants(full_key[0]).tier_hits += 1
         if flight.admit:
             hit = Lookup(done.value, Outcome.HIT, "memory", done.nbytes)
-            self.store.admit(full_key, hit, done.nbytes, done.tier)
+            self.store.admit(full_key, hit, done.nbytes, done.tier, flight.stage, flight.label)
         leader = flight.leader_token
         failure = None
         if done.tier_error is not None and self.tier is not None:
@@ -354,8 +361,14 @@ class ActorLoop:
     # ── queries ─────────────────────────────────────────────────────────────────────────────
 
     def _on_query(self, query: Query) -> None:
-        if not query.future.done():
-            query.future.set_result(query.run())
+        if query.future.done():
+            return
+        try:
+            result = query.run()
+        except Exception as exc:  # noqa: BLE001 - the asker's to handle (a refused watch)
+            query.future.set_exception(exc)
+            return
+        query.future.set_result(result)
 
 
 def _fail(future: asyncio.Future[Any], error: BaseException) -> None:

@@ -31,6 +31,7 @@ class Get:
     deadline: float
     wait: float
     tier_use: TierUse
+    label: str = ""  # what the value is about, for watchers (an image's digest)
 
 
 @final

@@ -36,6 +36,7 @@ from ._loop import ActorLoop
 from ._messages import CLOSE, Fault, Get, Query, WaiterLeft
 from .config import CacheConfig
 from .errors import CacheActorDead, CacheOverloaded
+from .events import CacheEvent, Journal, Watcher
 from .flights import COMPUTING
 from .lookup import Lookup, LookupEvent, LookupHook
 from .stats import CacheStats, EntryInfo
@@ -69,10 +70,11 @@ class CacheActor:
         *,
         tier: SecondTier | None = None,
         hook: LookupHook | None = None,
+        journal: Journal | None = None,
     ) -> None:
         self.config = config or CacheConfig()
         self._hook = hook
-        self._core = ActorLoop(self.config, tier)
+        self._core = ActorLoop(self.config, tier, journal)
         # the core's own objects, held here too: get() is the hit path, one lookup fewer each
         self._mailbox = self._core.mailbox
         self._waiting = self._core.waiting
@@ -132,13 +134,15 @@ class CacheActor:
         tenant: str = "default",
         timeout: float | None = None,
         tier: TierUse = ANY_STAGE,
+        label: str = "",
     ) -> Lookup[V]:
         """The value for ``key``, computing it with ``compute`` at most once at a time.
 
         ``timeout`` bounds this caller's wait (``CacheConfig.default_timeout`` when None); on
         expiry ComputeTimeout is raised and the flight goes on for the others. A computation's
         exception is raised here with its own type, and nothing is stored. ``tier`` says how a
-        miss uses the second tier (the first lookup of a flight decides).
+        miss uses the second tier (the first lookup of a flight decides); its stage and
+        ``label`` (what the value is about) are what watchers are told of the entry.
         """
         dead = self._core.dead
         if dead is not None or self._loop is None:
@@ -163,6 +167,7 @@ class CacheActor:
             loop.time() + wait,
             wait,
             tier,
+            label,
         )
         if not self._mailbox.offer(request):
             error: BaseException = CacheOverloaded(
@@ -320,6 +325,21 @@ class CacheActor:
         started = time.perf_counter()
         await self._ask(lambda: None, timeout)
         return time.perf_counter() - started
+
+    async def watch(
+        self, tenants: frozenset[str] | None, since: int, capacity: int, timeout: float = 5.0
+    ) -> tuple[Watcher, list[CacheEvent]]:
+        """A watcher of what the store does for ``tenants`` (None: all), and what it is owed
+        first: the events after ``since`` while the journal still has them, else a snapshot
+        of what is held (events.py). Raises CacheOverloaded beyond the journal's watchers."""
+        core = self._core
+        journal = core.journal
+        if journal is None:
+            raise RuntimeError("this cache actor has no journal to watch")
+        subscribed: tuple[Watcher, list[CacheEvent]] = await self._ask(
+            lambda: journal.subscribe(tenants, since, capacity, core.store.entries), timeout
+        )
+        return subscribed
 
     def inject_fault(self, kind: Literal["crash", "stall"], seconds: float = 0.0) -> None:
         """Fault injection for reliability runs: at its next message the actor's loop crashes

@@ -70,6 +70,8 @@ class Flight:
     # False once the key is invalidated while loading: the value is delivered but not stored
     admit: bool = True
     stall_reported: bool = False
+    stage: str = ""  # what its entry tells watchers (events.py)
+    label: str = ""
     # set by the computation itself (waiting_to_start): nothing has been spent on it yet, so
     # it is cancelled when its last waiter leaves, whatever finish_orphaned_flights says. The
     # one field a computation writes; it runs on the actor's event loop, so the actor reads it

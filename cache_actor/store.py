@@ -10,11 +10,12 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, final
+from typing import Any, Literal, final
 
 from .stats import Counters
 
 FullKey = tuple[str, str]  # (tenant, key)
+Change = Literal["admit", "evict", "expire", "invalidate"]
 
 
 @final
@@ -27,6 +28,8 @@ class Entry:
     admitted_at: float
     expires_at: float | None
     hits: int = 0
+    stage: str = ""  # for watchers (events.py): the stage and subject its lookup named
+    label: str = ""
 
 
 @final
@@ -40,8 +43,10 @@ class Store:
         ttl_seconds: float | None,
         counters: Counters,
         clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[Change, FullKey, Entry], None] | None = None,
     ) -> None:
         self._clock = clock
+        self._on_change = on_change
         self._max_bytes = max_bytes
         self._tenant_budget = tenant_budget
         self._max_entry_bytes = max_entry_bytes
@@ -79,7 +84,7 @@ class Store:
         if entry is None:
             return None
         if entry.expires_at is not None and entry.expires_at <= self._clock():
-            self._drop(full_key, entry)
+            self._drop(full_key, entry, "expire")
             self._counters.expirations += 1
             return None
         self._lru.move_to_end(full_key)
@@ -91,7 +96,15 @@ class Store:
     def peek(self, full_key: FullKey) -> Entry | None:
         return self._lru.get(full_key)
 
-    def admit(self, full_key: FullKey, hit: Any, nbytes: int, tier: str | None) -> bool:
+    def admit(
+        self,
+        full_key: FullKey,
+        hit: Any,
+        nbytes: int,
+        tier: str | None,
+        stage: str = "",
+        label: str = "",
+    ) -> bool:
         """Store a completed value, evicting least recently used entries to make room.
 
         Returns False, storing nothing, when the value is larger than one entry may be.
@@ -101,7 +114,7 @@ class Store:
             return False
         old = self._lru.get(full_key)
         if old is not None:
-            self._drop(full_key, old)
+            self._drop(full_key, old, None)  # replaced: its admit says so
         tenant = full_key[0]
         if self._tenant_lru is not None:
             while self._tenant_bytes.get(tenant, 0) + nbytes > self._tenant_budget:
@@ -110,7 +123,7 @@ class Store:
             self._evict(next(iter(self._lru)))
         now = self._clock()
         expires_at = None if self._ttl is None else now + self._ttl
-        entry = Entry(hit, nbytes, tier, now, expires_at)
+        entry = Entry(hit, nbytes, tier, now, expires_at, stage=stage, label=label)
         self._lru[full_key] = entry
         if self._tenant_lru is not None:
             self._tenant_lru.setdefault(tenant, OrderedDict())[full_key] = None
@@ -119,13 +132,15 @@ class Store:
         self.bytes += nbytes
         if expires_at is not None:
             self._expiry.append((expires_at, full_key, entry))
+        if self._on_change is not None:
+            self._on_change("admit", full_key, entry)
         return True
 
     def remove(self, full_key: FullKey) -> bool:
         entry = self._lru.get(full_key)
         if entry is None:
             return False
-        self._drop(full_key, entry)
+        self._drop(full_key, entry, "invalidate")
         return True
 
     def expire(self) -> None:
@@ -135,17 +150,23 @@ class Store:
             _, full_key, entry = self._expiry.popleft()
             # identity check: the key may since have been dropped and admitted anew
             if self._lru.get(full_key) is entry:
-                self._drop(full_key, entry)
+                self._drop(full_key, entry, "expire")
                 self._counters.expirations += 1
 
     def _evict(self, full_key: FullKey) -> None:
         entry = self._lru[full_key]
-        self._drop(full_key, entry)
+        self._drop(full_key, entry, "evict")
         self._counters.evictions += 1
         self._counters.evicted_bytes += entry.nbytes
 
-    def _drop(self, full_key: FullKey, entry: Entry) -> None:
+    def entries(self) -> list[tuple[FullKey, Entry]]:
+        """What is held, least recently used first."""
+        return list(self._lru.items())
+
+    def _drop(self, full_key: FullKey, entry: Entry, change: Change | None) -> None:
         del self._lru[full_key]
+        if change is not None and self._on_change is not None:
+            self._on_change(change, full_key, entry)
         tenant = full_key[0]
         if self._tenant_lru is not None:
             order = self._tenant_lru[tenant]

@@ -11,12 +11,12 @@ Prefetch does a request's work, so it passes admission as a Generate call does.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Any, final
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Final, final
 
 import grpc
 
-from cache_actor import EntryInfo, TenantStats
+from cache_actor import CacheEvent, EntryInfo, TenantStats
 
 from ..config import Settings
 from ..engine.worker import EngineWorker
@@ -37,6 +37,9 @@ from .status import abort, from_exception
 from .validation import image_input, image_violations
 
 _ACTOR_FIELDS = frozenset(pb.ActorStats.DESCRIPTOR.fields_by_name) - {"hit_ratio"}
+# what Cache.Watch may be narrowed to ("" : every stage)
+WATCH_STAGES: Final = ("", "prompt", "image", "embedding", "response")
+_IMAGE_STAGES: Final = frozenset({"image", "embedding"})
 
 
 def _checked_key(key: str) -> str:
@@ -62,6 +65,19 @@ def _entries_of(caller: Caller, named: str) -> str:
         return checked_label(named, "tenant")
     # the same answer whether the other tenant holds the entry or not: nothing leaks
     raise EntryNotFound("no such entry")
+
+
+def _watch_event(event: CacheEvent) -> pb.WatchEvent:
+    return pb.WatchEvent(
+        sequence=event.sequence,
+        kind=event.kind,
+        tenant=event.tenant,
+        stage=event.stage,
+        key=event.key,
+        digest=event.label if event.stage in _IMAGE_STAGES else "",
+        bytes=event.nbytes,
+        tier=event.tier or "",
+    )
 
 
 def _entry_fields(info: EntryInfo) -> dict[str, Any]:
@@ -217,3 +233,41 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
             await abort(context, from_exception(exc))
         return pb.InvalidateResponse(removed=any(removed))
+
+    async def Watch(
+        self, request: pb.WatchRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.WatchEvent]:
+        """What the store does for the caller's tenant, as it happens (cache_actor/events.py):
+        a snapshot (or the events missed since ``since``), "synced", then live events; a
+        watcher that falls behind gets one "gap" and its stream ends."""
+        caller = current_caller()
+        try:
+            if request.all_tenants and not caller.admin:
+                raise NotPermitted("all_tenants is an admin's", ADMIN_ONLY)
+            if request.stage not in WATCH_STAGES:
+                raise InvalidRequest(
+                    [Violation("stage", "one of " + ", ".join(s for s in WATCH_STAGES if s))]
+                )
+            tenants = (
+                None if request.all_tenants else frozenset({_entries_of(caller, request.tenant)})
+            )
+            watcher, first = await self.cache.watch(
+                tenants, request.since, self.settings.cache.watch_buffer
+            )
+        except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
+            await abort(context, from_exception(exc))
+        stage = request.stage
+        try:
+            for event in first:
+                if not stage or event.stage == stage:
+                    yield _watch_event(event)
+            yield pb.WatchEvent(sequence=watcher.since, kind="synced")
+            while True:
+                for event in await watcher.next():
+                    if event.kind == "gap":
+                        yield _watch_event(event)
+                        return  # behind, or the cache was emptied: it resumes or starts over
+                    if not stage or event.stage == stage:
+                        yield _watch_event(event)
+        finally:
+            watcher.close()

@@ -32,7 +32,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from cache_actor import CacheActor
+from cache_actor import CacheActor, Journal
 
 from ..config import AuthSettings, Settings
 from ..engine.dtypes import VERDICTS_FILE, Verdicts
@@ -119,8 +119,11 @@ class MmgateServer:
         )
         hook = Observers(hooks) if hooks else None
         # the actor, and a fresh one in its place if it dies (degraded mode: cache_front.py)
+        journal = Journal(settings.cache.watch_history, settings.cache.max_watchers)
         self.cache = CacheFront(
-            lambda: CacheActor(config, hook=hook, tier=self.tier), settings.cache.on_failure
+            lambda: CacheActor(config, hook=hook, tier=self.tier, journal=journal),
+            settings.cache.on_failure,
+            journal=journal,
         )
         self.engine = EngineWorker(settings.engine, model)
         # dtype=auto's evidence lives beside the converted models (services/engine/dtypes.py)
@@ -272,6 +275,7 @@ class MmgateServer:
             adapters=self.engine.adapter_stats(),
             queue=self.pipelines.queue_stats,
             degraded=self.cache.figures(),
+            watch=self.cache.watch_figures(),
         )
 
     async def _forget(self, tenant: str, key: str) -> None:

@@ -6,6 +6,7 @@ mmgate generate "What is in the picture?" --image photo.jpg   (a vision model)
 mmgate generate "Summarise the ticket" --adapter support    (a LoRA adapter the caller may use)
 mmgate generate "Tag this" --priority 10                      (lower is more urgent)
 mmgate stats [--target HOST:PORT] [--watch [SECONDS] [--count N]]
+mmgate cache watch [--stage STAGE] [--of TENANT | --all-tenants] [--since SEQ] [--count N]
 mmgate bench [--concurrency N | --rate R] (--requests N | --duration S) [--json F] [--plot F]
 mmgate models prepare [--cache DIR]
 mmgate models tiny PATH [--seed N]          a tiny random Llama (tests)
@@ -29,7 +30,7 @@ import grpc
 
 from ..client import DEFAULT_TARGET, MmgateClient
 from ..proto.mmgate.v1 import inference_pb2
-from . import arguments, bench
+from . import arguments, bench, cache_watch
 from .stats_view import render_stats
 
 
@@ -110,6 +111,13 @@ async def _stats(args: argparse.Namespace) -> int:
             return 0
         await _watch_stats(client, args.target, args.watch, args.count)
     return 0
+
+
+async def _cache_watch(args: argparse.Namespace) -> int:
+    async with MmgateClient(
+        args.target, credentials=arguments.credentials(args), timeout=args.timeout
+    ) as client:
+        return await cache_watch.watch(client, args)
 
 
 async def _watch_stats(
@@ -231,6 +239,7 @@ def _parser() -> argparse.ArgumentParser:
         "--count", type=arguments.count, metavar="N", help="with --watch: stop after N tables"
     )
     bench.add_parser(commands)
+    watch = cache_watch.add_parser(commands)
     models = commands.add_parser("models", help="model files")
     model_commands = models.add_subparsers(dest="models_command", required=True)
     prepare = model_commands.add_parser("prepare", help="convert the embedded default model")
@@ -253,7 +262,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a vision-tower layer too (embeddings mode refuses it)",
     )
-    for sub in (generate, stats):
+    for sub in (generate, stats, watch):
         sub.add_argument("--target", default=DEFAULT_TARGET)
         sub.add_argument("--timeout", type=float, default=120.0)
         arguments.add_credentials(sub)
@@ -276,6 +285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_generate(args))
         if args.command == "stats":
             return asyncio.run(_stats(args))
+        if args.command == "cache":
+            return asyncio.run(_cache_watch(args))
         if args.command == "bench":
             return bench.main(args)
         return _models(args)

@@ -169,6 +169,32 @@ class MmgateClient:
         )
         return response.removed
 
+    async def watch(
+        self,
+        since: int = 0,
+        *,
+        stage: str = "",
+        tenant: str = "",
+        all_tenants: bool = False,
+        timeout: float | None = None,
+    ) -> AsyncGenerator[cache_pb2.WatchEvent, None]:
+        """What the server's cache does for this tenant: a snapshot ("held" events), or the
+        events after ``since`` while the server still has them; "synced"; then each admit,
+        evict, expire and invalidate, until a "gap" (resume from its sequence number) or the
+        deadline. Closing it early ends the call on the server."""
+        call = self.cache.Watch(
+            cache_pb2.WatchRequest(
+                since=since, stage=stage, tenant=tenant, all_tenants=all_tenants
+            ),
+            timeout=timeout or self.timeout,
+            metadata=self.metadata,
+        )
+        try:
+            async for event in call:
+                yield event
+        finally:
+            call.cancel()
+
     async def health(self, service: str = "") -> int:
         response: health_pb2.HealthCheckResponse = await self.health_stub.Check(
             health_pb2.HealthCheckRequest(service=service), timeout=self.timeout

@@ -48,6 +48,13 @@ class CacheSettings(BaseModel):
     "compute": each request computes what it needs itself, uncached and uncoalesced, and a dead
     actor is replaced by an empty one (at most 3 times in 10 minutes); "fail": requests get
     UNAVAILABLE and liveness fails (docs/cache_actor.md)."""
+    max_watchers: int = Field(16, gt=0)
+    """Cache.Watch streams open at once; one more is refused with RESOURCE_EXHAUSTED."""
+    watch_buffer: int = Field(256, gt=0)
+    """Events held for a watcher that has not read them; one more and it gets a "gap" event
+    and its stream ends (it resumes from its last sequence number, or from a snapshot)."""
+    watch_history: int = Field(4096, gt=0)
+    """Recent events kept, so that a watcher can resume from the last sequence number it saw."""
     max_entry_fraction: float = Field(_ACTOR["max_entry_fraction"], gt=0, le=1)
     """A value larger than this share of a tenant's budget is served but not stored (one request
     must not flush everyone's images): 25.6 MiB of the default 512 MiB."""

@@ -1,8 +1,12 @@
-"""Degraded mode's figures: whether requests compute without the cache now, and how often.
+"""The cache front's figures: degraded mode (whether requests compute without the cache now,
+and how often) and the watchers of what the cache holds (Cache.Watch).
 
 mmgate_cache_degraded                  1 while the cache actor cannot answer (dead, stalled)
 mmgate_cache_actor_replacements_total  dead actors replaced by fresh, empty ones
 mmgate_cache_bypassed_total            lookups computed without the cache, by stage, reason
+mmgate_cache_watchers                  Cache.Watch streams open
+mmgate_cache_watch_events_total        events handed to watchers
+mmgate_cache_watch_gaps_total          watchers that fell behind (or were reset): one gap each
 """
 
 from __future__ import annotations
@@ -23,7 +27,15 @@ class DegradedStats:
     bypassed: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
-def degraded_families(stats: DegradedStats) -> Iterator[Metric]:
+@final
+@dataclass(frozen=True, slots=True)
+class WatchStats:
+    watchers: int = 0
+    events: int = 0
+    gaps: int = 0
+
+
+def degraded_families(stats: DegradedStats, watch: WatchStats) -> Iterator[Metric]:
     yield GaugeMetricFamily(
         "mmgate_cache_degraded",
         "1 while the cache actor cannot answer (dead or stalled): requests compute without "
@@ -44,6 +56,20 @@ def degraded_families(stats: DegradedStats) -> Iterator[Metric]:
     for (stage, reason), count in sorted(stats.bypassed.items()):
         bypassed.add_metric([stage, reason], count)
     yield bypassed
+    yield GaugeMetricFamily(
+        "mmgate_cache_watchers", "Cache.Watch streams open.", value=watch.watchers
+    )
+    yield CounterMetricFamily(
+        "mmgate_cache_watch_events_total",
+        "Cache events handed to Cache.Watch streams.",
+        value=watch.events,
+    )
+    yield CounterMetricFamily(
+        "mmgate_cache_watch_gaps_total",
+        "Watchers that fell behind their buffer, or whose cache was emptied (a replaced "
+        "actor): each got one gap event and its stream ended.",
+        value=watch.gaps,
+    )
 
 
-__all__ = ["DegradedStats", "degraded_families"]
+__all__ = ["DegradedStats", "WatchStats", "degraded_families"]

@@ -32,7 +32,7 @@ from ..types import (
     ThreadPoolStats,
 )
 from .adapter_metrics import adapter_families
-from .degraded_metrics import DegradedStats, degraded_families
+from .degraded_metrics import DegradedStats, WatchStats, degraded_families
 from .queue_metrics import QueueStats, queue_families
 
 # the cache stages that hold images: the media level
@@ -67,6 +67,7 @@ class Snapshot:
     adapters: AdapterStats = dataclasses.field(default_factory=AdapterStats)
     queue: QueueStats = dataclasses.field(default_factory=QueueStats)
     degraded: DegradedStats = dataclasses.field(default_factory=DegradedStats)
+    watch: WatchStats = dataclasses.field(default_factory=WatchStats)
 
 
 def media_outcome(outcome: str, tier: str) -> str:
@@ -194,7 +195,7 @@ def families(s: Snapshot) -> Iterator[Metric]:
     yield from _service(s)
     yield from adapter_families(s.adapters)
     yield from queue_families(s.queue)
-    yield from degraded_families(s.degraded)
+    yield from degraded_families(s.degraded, s.watch)
 
 
 def _cache_levels(s: Snapshot) -> Iterator[Metric]:

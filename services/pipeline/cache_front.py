@@ -30,16 +30,19 @@ from cache_actor import (
     CacheActor,
     CacheActorDead,
     CacheConfig,
+    CacheEvent,
     CacheStats,
     ComputeTimeout,
     EntryInfo,
+    Journal,
     Lookup,
     Outcome,
     TenantStats,
     TierUse,
+    Watcher,
 )
 
-from ..observability.degraded_metrics import DegradedStats
+from ..observability.degraded_metrics import DegradedStats, WatchStats
 from ..observability.lookups import current_stage
 from ..observability.spans import span
 from ..observability.tracing import key_digest
@@ -81,7 +84,11 @@ class CacheFront:
         make: Callable[[], CacheActor],
         on_failure: Literal["compute", "fail"] = "compute",
         clock: Callable[[], float] = time.monotonic,
+        journal: Journal | None = None,
     ) -> None:
+        # what the store does, for watchers (the one ``make`` hands each actor): it outlives
+        # each actor, and a replacement resets it
+        self.journal = journal
         self._make = make
         self.on_failure = on_failure
         self.clock = clock
@@ -147,6 +154,8 @@ class CacheFront:
             return
         self.replaced.append(now)
         self.replacements += 1
+        if self.journal is not None:
+            self.journal.reset()  # watchers start over: what they were told of is gone
         self.stalled = False
         self._stall = None
         self.actor = self._make()
@@ -165,6 +174,12 @@ class CacheFront:
     def figures(self) -> DegradedStats:
         return DegradedStats(self.degraded is not None, self.replacements, dict(self.bypassed))
 
+    def watch_figures(self) -> WatchStats:
+        journal = self.journal
+        if journal is None:
+            return WatchStats()
+        return WatchStats(len(journal.watchers), journal.sent, journal.gaps)
+
     # ── lookups ─────────────────────────────────────────────────────────────────────────────
 
     async def get(
@@ -175,12 +190,15 @@ class CacheFront:
         tenant: str = "default",
         timeout: float | None = None,
         tier: TierUse | None = None,
+        label: str = "",
     ) -> Lookup[V]:
         """The actor's lookup; where it cannot answer and the policy is "compute", the value
         computed for this caller alone (a ``Bypassed`` lookup)."""
         tier = tier or ANY_STAGE
         if self.on_failure == "fail":
-            return await self.actor.get(key, compute, tenant=tenant, timeout=timeout, tier=tier)
+            return await self.actor.get(
+                key, compute, tenant=tenant, timeout=timeout, tier=tier, label=label
+            )
         loop = asyncio.get_running_loop()
         wait = self.actor.config.default_timeout if timeout is None else timeout
         deadline = loop.time() + wait
@@ -192,7 +210,7 @@ class CacheFront:
                 self._stall = loop.create_future()
             stall = self._stall
             lookup = asyncio.ensure_future(
-                actor.get(key, compute, tenant=tenant, timeout=wait, tier=tier)
+                actor.get(key, compute, tenant=tenant, timeout=wait, tier=tier, label=label)
             )
             # its outcome is read below, unless this caller leaves first
             lookup.add_done_callback(_retrieve)
@@ -286,6 +304,13 @@ class CacheFront:
 
     def tenant_stats(self, tenant: str | None = None) -> tuple[TenantStats, ...]:
         return self.actor.tenant_stats(tenant)
+
+    async def watch(
+        self, tenants: frozenset[str] | None, since: int, capacity: int
+    ) -> tuple[Watcher, list[CacheEvent]]:
+        if not self.actor.alive:
+            self.found_dead()  # replaced now, if it may be: a fresh actor is watched
+        return await self.actor.watch(tenants, since, capacity)
 
     def inject_fault(self, kind: Literal["crash", "stall"], seconds: float = 0.0) -> None:
         self.actor.inject_fault(kind, seconds)

@@ -22,7 +22,7 @@ from ..observability.spans import span
 from ..types import GenerationRequest, RenderedPrompt
 from ..wire import IMAGE_PLACEHOLDER
 from .cache_front import CacheFront
-from .request import MEMORY_ONLY, Request
+from .request import PROMPT_MEMORY, Request
 from .threads import ThreadPools
 
 
@@ -160,7 +160,7 @@ class PromptStage:
                 lambda: render(self.tokenizers, checked, self.threads),
                 tenant=request.tenant,
                 timeout=request.left(),
-                tier=MEMORY_ONLY,  # rendering again is cheaper than a round trip to Redis
+                tier=PROMPT_MEMORY,  # rendering again is cheaper than a round trip to Redis
             )
         request.report("prompt", key, lookup, started)
         return lookup.value

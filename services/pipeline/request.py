@@ -31,8 +31,10 @@ from .cache_front import outcome_of
 
 # How each stage uses the second tier (what Redis holds, and why: tier_values.py). Prompts and
 # decoded images stay in memory; a shared response is read from the tier and written to it by
-# SharedResponses only once its run has finished normally.
-MEMORY_ONLY: Final = TierUse(read=False, write=False)
+# SharedResponses only once its run has finished normally. The stage also names the entry to
+# Cache.Watch's watchers.
+PROMPT_MEMORY: Final = TierUse("prompt", read=False, write=False)
+IMAGE_MEMORY: Final = TierUse("image", read=False, write=False)
 EMBEDDING_TIER: Final = TierUse("embedding")
 RESPONSE_TIER: Final = TierUse("response", write=False)
 
@@ -121,7 +123,8 @@ class Request:
 
 __all__ = [
     "EMBEDDING_TIER",
-    "MEMORY_ONLY",
+    "IMAGE_MEMORY",
+    "PROMPT_MEMORY",
     "RESPONSE_TIER",
     "Request",
     "loop_deadline",

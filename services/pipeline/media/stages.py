@@ -54,7 +54,7 @@ from ...types import EngineImages, ImageInput, ImageReport, MediaForm, MediaStat
 from ...wire import digest_of
 from ..cache_front import CacheFront, outcome_of
 from ..chaos import NoChaos
-from ..request import EMBEDDING_TIER, MEMORY_ONLY, seconds_left
+from ..request import EMBEDDING_TIER, IMAGE_MEMORY, seconds_left
 from ..threads import ThreadPools
 from .batching import EncodeBatcher
 from .codec import DecodedImage, decode
@@ -287,7 +287,8 @@ class PixelsStage(MediaStage):
                 tenant=tenant,
                 timeout=seconds_left(deadline),
                 # decoded pixels are not shared: the request carries the bytes (tier_values.py)
-                tier=MEMORY_ONLY,
+                tier=IMAGE_MEMORY,
+                label=source.digest,
             )
 
 
@@ -362,6 +363,7 @@ class EmbeddingsStage(PixelsStage):
                 tenant=tenant,
                 timeout=seconds_left(deadline),
                 tier=EMBEDDING_TIER,
+                label=source.digest,
             )
 
 

@@ -76,9 +76,10 @@ def token_server(
         MMGATE_AUTH__TOKENS_MISSING_GRACE_SECONDS="1.0",
         MMGATE_AUTH__TLS_CERT_FILE=str(pki.server.cert),
         MMGATE_AUTH__TLS_KEY_FILE=str(pki.server.key),
-        # two tenants configured: each gets half of these by default
+        # two tenants configured: each gets half of these by default (a cache budget of 1 MiB
+        # a tenant: about a hundred images fill it, so the watch test sees evictions)
         MMGATE_MAX_CONCURRENT_REQUESTS="8",
-        MMGATE_CACHE__MAX_BYTES=str(64 * MiB),
+        MMGATE_CACHE__MAX_BYTES=str(2 * MiB),
         MMGATE_REDIS__URL=tenants_redis.url,
         MMGATE_ENGINE__MAX_MODEL_LEN="2048",
         MMGATE_MAX_MESSAGE_BYTES=str(16 * MiB),

@@ -80,5 +80,5 @@ async def test_each_tenant_holds_at_most_its_share_of_the_cache(
         digest = (await beta.prefetch(png(4242))).digest
         mine = (await beta.stats()).tenants[0]
         assert (await beta.inspect(digest=digest)).state == "stored"
-    assert mine.budget_bytes == 32 * MiB
-    assert all(t.budget_bytes == 32 * MiB and t.bytes <= 32 * MiB for t in every.values())
+    assert mine.budget_bytes == 1 * MiB
+    assert all(t.budget_bytes == 1 * MiB and t.bytes <= 1 * MiB for t in every.values())

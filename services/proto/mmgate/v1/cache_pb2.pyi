@@ -259,3 +259,35 @@ class PrefetchResponse(_message.Message):
     tier: str
     form: str
     def __init__(self, digest: _Optional[str] = ..., outcome: _Optional[str] = ..., tier: _Optional[str] = ..., form: _Optional[str] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("since", "all_tenants", "stage", "tenant")
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    ALL_TENANTS_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    since: int
+    all_tenants: bool
+    stage: str
+    tenant: str
+    def __init__(self, since: _Optional[int] = ..., all_tenants: _Optional[bool] = ..., stage: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
+
+class WatchEvent(_message.Message):
+    __slots__ = ("sequence", "kind", "tenant", "stage", "key", "digest", "bytes", "tier")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    kind: str
+    tenant: str
+    stage: str
+    key: str
+    digest: str
+    bytes: int
+    tier: str
+    def __init__(self, sequence: _Optional[int] = ..., kind: _Optional[str] = ..., tenant: _Optional[str] = ..., stage: _Optional[str] = ..., key: _Optional[str] = ..., digest: _Optional[str] = ..., bytes: _Optional[int] = ..., tier: _Optional[str] = ...) -> None: ...

@@ -54,6 +54,11 @@ class CacheStub:
                 request_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_cache__pb2.InvalidateRequest.SerializeToString,
                 response_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_cache__pb2.InvalidateResponse.FromString,
                 _registered_method=True)
+        self.Watch = channel.unary_stream(
+                '/mmgate.v1.Cache/Watch',
+                request_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_cache__pb2.WatchRequest.SerializeToString,
+                response_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_cache__pb2.WatchEvent.FromString,
+                _registered_method=True)
 
 
 class CacheServicer:
@@ -83,6 +88,12 @@ class CacheServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Watch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CacheServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +116,11 @@ def add_CacheServicer_to_server(servicer, server):
                     servicer.Invalidate,
                     request_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_cache__pb2.InvalidateRequest.FromString,
                     response_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_cache__pb2.InvalidateResponse.SerializeToString,
+            ),
+            'Watch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_cache__pb2.WatchRequest.FromString,
+                    response_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_cache__pb2.WatchEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -215,6 +231,33 @@ class Cache:
             '/mmgate.v1.Cache/Invalidate',
             services_dot_proto_dot_mmgate_dot_v1_dot_cache__pb2.InvalidateRequest.SerializeToString,
             services_dot_proto_dot_mmgate_dot_v1_dot_cache__pb2.InvalidateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/mmgate.v1.Cache/Watch',
+            services_dot_proto_dot_mmgate_dot_v1_dot_cache__pb2.WatchRequest.SerializeToString,
+            services_dot_proto_dot_mmgate_dot_v1_dot_cache__pb2.WatchEvent.FromString,
             options,
             channel_credentials,
             insecure,
