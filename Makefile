@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(ENGINE)
 HOST ?= 127.0.0.1
 PORT ?= 50051
 
-.PHONY: all install test lint typecheck architecture unit proto manifests settings-table serve mesh bench bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-unary bench-adapters bench-fair-queue bench-fair-weights bench-observability bench-plots gpu-check soak reliability-report clean
+.PHONY: all install test lint typecheck architecture unit proto manifests settings-table serve mesh bench bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-unary bench-adapters bench-fair-queue bench-fair-weights bench-watch bench-observability bench-plots gpu-check soak reliability-report clean
 
 all: test
 
@@ -183,6 +183,10 @@ bench-fair-queue: $(STAMP)
 bench-fair-weights: $(STAMP)
 	$(BIN)/python -m bench.fair_weights --json $(FIGURES)/fair-weights.json
 
+# a Cache.Watch stream nobody reads: TTFT and loop lag with it against without, alternated
+bench-watch: $(STAMP)
+	$(BIN)/python -m bench.watch_overhead --json $(FIGURES)/watch.json
+
 # repeated images against vLLM's server: the tiny LLaVA's grid, then the ViT-L-sized tower at 90%
 bench-image-repeats: $(STAMP)
 	$(BIN)/python -m bench.image_repeats $(REPEATS_ARGS) --json $(FIGURES)/images-tiny.json
@@ -202,7 +206,7 @@ bench-plots: $(STAMP)
 ifeq ($(QUICK),1)
 bench: bench-cache bench-growth bench-image-repeats
 else
-bench: bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-unary bench-adapters bench-fair-queue bench-fair-weights bench-observability bench-plots
+bench: bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-unary bench-adapters bench-fair-queue bench-fair-weights bench-watch bench-observability bench-plots
 endif
 
 # the full multi-replica suite: three replicas behind the proxy, fail-over, rolling restart,

@@ -55,6 +55,7 @@ class Watcher:
         self.gapped = False
         self.sent = 0
         self.since = 0  # the sequence number its first events bring it to
+        self.resumed = False  # its first events: those missed (True) or a snapshot
 
     def wants(self, tenant: str) -> bool:
         return self.tenants is None or tenant in self.tenants
@@ -138,6 +139,7 @@ class Journal:
         watcher = Watcher(self, tenants, capacity)
         oldest = self.history[0].sequence if self.history else self.sequence + 1
         if 0 < since <= self.sequence and oldest <= since + 1:
+            watcher.resumed = True
             first = [e for e in self.history if e.sequence > since and watcher.wants(e.tenant)]
         else:
             first = [

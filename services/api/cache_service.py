@@ -77,6 +77,7 @@ def _watch_event(event: CacheEvent) -> pb.WatchEvent:
         digest=event.label if event.stage in _IMAGE_STAGES else "",
         bytes=event.nbytes,
         tier=event.tier or "",
+        snapshot=event.kind == "held",
     )
 
 
@@ -261,7 +262,7 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
             for event in first:
                 if not stage or event.stage == stage:
                     yield _watch_event(event)
-            yield pb.WatchEvent(sequence=watcher.since, kind="synced")
+            yield pb.WatchEvent(sequence=watcher.since, kind="synced", snapshot=not watcher.resumed)
             while True:
                 for event in await watcher.next():
                     if event.kind == "gap":

@@ -33,6 +33,9 @@ def add_parser(
     watch.add_argument("--since", type=int, default=0, help="resume after this sequence number")
     watch.add_argument("--count", type=arguments.count, metavar="N", help="stop after N events")
     watch.add_argument(
+        "--snapshot", action="store_true", help="what is held now, then stop (at synced)"
+    )
+    watch.add_argument(
         "--seconds", type=arguments.positive, default=24 * 3600.0, help="the call's deadline"
     )
     return watch
@@ -64,7 +67,9 @@ async def watch(client: MmgateClient, args: argparse.Namespace) -> int:
             sys.stdout.write(line(event))
             sys.stdout.flush()
             shown += 1
-            if args.count is not None and shown >= args.count:
+            if (args.count is not None and shown >= args.count) or (
+                args.snapshot and event.kind == "synced"
+            ):
                 await events.aclose()
                 return 0
             if event.kind == "gap":

@@ -6,7 +6,7 @@ mmgate generate "What is in the picture?" --image photo.jpg   (a vision model)
 mmgate generate "Summarise the ticket" --adapter support    (a LoRA adapter the caller may use)
 mmgate generate "Tag this" --priority 10                      (lower is more urgent)
 mmgate stats [--target HOST:PORT] [--watch [SECONDS] [--count N]]
-mmgate cache watch [--stage STAGE] [--of TENANT | --all-tenants] [--since SEQ] [--count N]
+mmgate cache watch [--stage S] [--of TENANT | --all-tenants] [--since SEQ] [--count N | --snapshot]
 mmgate bench [--concurrency N | --rate R] (--requests N | --duration S) [--json F] [--plot F]
 mmgate models prepare [--cache DIR]
 mmgate models tiny PATH [--seed N]          a tiny random Llama (tests)

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import subprocess
+import sys
 from collections.abc import AsyncGenerator, AsyncIterator
 
 import grpc
@@ -14,7 +17,7 @@ import pytest
 
 from services.client import MmgateClient
 from services.proto.mmgate.v1 import cache_pb2
-from tests.services.auth.support import Pki, as_tenant
+from tests.services.auth.support import TOKENS, Pki, as_tenant
 from tests.services.imagegen import png
 from tests.services.prom import scrape
 from tests.support import RunningServer
@@ -95,6 +98,7 @@ async def test_a_tenants_watcher_sees_its_admits_evictions_and_invalidations(
         watching(beta) as theirs,
         watching(ops, all_tenants=True) as everyone,
     ):
+        assert mine.seen[-1].snapshot  # a first watch starts from a snapshot
         held = await alpha.prefetch(png(7001))
         (admit,) = [e for e in await mine.until("admit", held.digest) if e.kind == "admit"]
         assert (admit.stage, admit.tenant, admit.tier) == ("image", "alpha", "")
@@ -126,6 +130,7 @@ async def test_a_tenants_watcher_sees_its_admits_evictions_and_invalidations(
         missed = [e for e in mine.seen if e.sequence > last]
         async with watching(alpha, since=last) as resumed:
             replayed = [e for e in resumed.seen if e.kind != "synced"]
+            assert not resumed.seen[-1].snapshot  # the events missed, not a snapshot
         assert kinds(replayed) == kinds(missed)
         assert [e.sequence for e in replayed] == [e.sequence for e in missed]
         assert len(missed) >= 4  # three admits (each evicting one) and an invalidation
@@ -145,3 +150,38 @@ async def test_a_tenants_watcher_sees_its_admits_evictions_and_invalidations(
         metrics = await scrape(token_server.metrics_url)
         assert metrics.value("mmgate_cache_watchers") == 3  # mine, theirs, everyone's
         assert metrics.value("mmgate_cache_watch_events_total") >= len(mine.seen)
+
+
+async def test_the_command_line_view_shows_a_tenants_entries(
+    token_server: RunningServer, pki: Pki
+) -> None:
+    async with tenant(token_server, pki, "beta") as beta:
+        held = await beta.prefetch(png(7900))
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "cache",
+            "watch",
+            "--target",
+            token_server.target,
+            "--tls-ca",
+            str(pki.ca.issued.cert),
+            "--stage",
+            "image",
+            "--snapshot",
+        ],
+        env={**os.environ, "MMGATE_TOKEN": TOKENS["beta"]},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    *entries, synced = done.stdout.splitlines()
+    # beta's snapshot: its image among its own entries, nothing of alpha's; then synced
+    assert any(f"held       image     beta         {held.digest}" in line for line in entries)
+    assert all(line.split()[1:4] == ["held", "image", "beta"] for line in entries)
+    assert synced.split()[1] == "synced"

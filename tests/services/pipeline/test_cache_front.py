@@ -20,6 +20,7 @@ from cache_actor import (
     CacheConfig,
     CacheOverloaded,
     ComputeTimeout,
+    Journal,
     Outcome,
 )
 from services.pipeline.cache_front import (
@@ -221,4 +222,22 @@ async def test_a_failure_its_caller_left_before_reading_is_not_reported_as_lost(
     await leave_as_it_fails()
     gc.collect()  # the lookup task is gone: asyncio reports a failure nobody read here
     assert reported == []
+    await cache.aclose()
+
+
+async def test_a_replaced_actor_gaps_every_watcher() -> None:
+    """What a watcher was told of died with the actor: it starts over, from a snapshot."""
+    journal = Journal()
+    cache = CacheFront(lambda: CacheActor(journal=journal), journal=journal)
+    cache.start()
+    await cache.get("k", value)
+    watcher, first = await cache.watch(None, 0, capacity=10)
+    assert [e.kind for e in first] == ["held"]
+    cache.actor.inject_fault("crash")
+    await asyncio.sleep(0)
+    _, fresh = await cache.watch(None, first[0].sequence, capacity=10)  # replaced on the way
+    assert cache.replacements == 1
+    (gap,) = await watcher.next()
+    assert gap.kind == "gap"
+    assert fresh == []  # a snapshot of the empty replacement, not a replay of the old history
     await cache.aclose()

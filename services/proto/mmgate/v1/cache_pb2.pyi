@@ -273,7 +273,7 @@ class WatchRequest(_message.Message):
     def __init__(self, since: _Optional[int] = ..., all_tenants: _Optional[bool] = ..., stage: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class WatchEvent(_message.Message):
-    __slots__ = ("sequence", "kind", "tenant", "stage", "key", "digest", "bytes", "tier")
+    __slots__ = ("sequence", "kind", "tenant", "stage", "key", "digest", "bytes", "tier", "snapshot")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
@@ -282,6 +282,7 @@ class WatchEvent(_message.Message):
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     kind: str
     tenant: str
@@ -290,4 +291,5 @@ class WatchEvent(_message.Message):
     digest: str
     bytes: int
     tier: str
-    def __init__(self, sequence: _Optional[int] = ..., kind: _Optional[str] = ..., tenant: _Optional[str] = ..., stage: _Optional[str] = ..., key: _Optional[str] = ..., digest: _Optional[str] = ..., bytes: _Optional[int] = ..., tier: _Optional[str] = ...) -> None: ...
+    snapshot: bool
+    def __init__(self, sequence: _Optional[int] = ..., kind: _Optional[str] = ..., tenant: _Optional[str] = ..., stage: _Optional[str] = ..., key: _Optional[str] = ..., digest: _Optional[str] = ..., bytes: _Optional[int] = ..., tier: _Optional[str] = ..., snapshot: _Optional[bool] = ...) -> None: ...
