@@ -133,3 +133,14 @@ async def test_a_reset_gaps_every_watcher_and_its_history_is_not_replayed() -> N
     assert first == []  # a snapshot of nothing, not a replay of k1's admit
     assert journal.sequence > gap.sequence
     await asyncio.gather(cache.aclose(), fresh.aclose())
+
+
+async def test_a_sequence_number_from_another_life_gets_a_snapshot() -> None:
+    """A number this journal never gave (another replica's, or from before a restart)."""
+    journal = Journal()
+    cache = actor(journal)
+    await cache.get("k1", value_of(10), tenant="a")
+    watcher, first = await cache.watch(frozenset({"a"}), journal.sequence + 100, capacity=10)
+    assert kinds(first) == [("held", "a", "k1")]
+    assert not watcher.resumed
+    await cache.aclose()

@@ -147,6 +147,19 @@ async def test_a_tenants_watcher_sees_its_admits_evictions_and_invalidations(
                     pass
             assert refused.value.code() == code, options
             assert "alpha" not in (refused.value.details() or "")
+        # watchers are bounded (16): one more is refused, the others go on
+        extra = [Watching(beta.watch(timeout=300.0)) for _ in range(16 - 3)]
+        for one in extra:
+            await one.until("synced")
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            async with watching(beta):
+                pass
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "watchers" in (refused.value.details() or "")
+        for one in extra:
+            await one.close()
+        held = await alpha.prefetch(png(7700))
+        await mine.until("admit", held.digest)
         metrics = await scrape(token_server.metrics_url)
         assert metrics.value("mmgate_cache_watchers") == 3  # mine, theirs, everyone's
         assert metrics.value("mmgate_cache_watch_events_total") >= len(mine.seen)
