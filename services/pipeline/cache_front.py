@@ -310,6 +310,8 @@ class CacheFront:
     ) -> tuple[Watcher, list[CacheEvent]]:
         if not self.actor.alive:
             self.found_dead()  # replaced now, if it may be: a fresh actor is watched
+        if self.stalled:  # it would not answer: the caller is told so now (UNAVAILABLE)
+            raise CacheActorDead("the cache actor is not answering")
         return await self.actor.watch(tenants, since, capacity)
 
     def inject_fault(self, kind: Literal["crash", "stall"], seconds: float = 0.0) -> None:

@@ -241,3 +241,16 @@ async def test_a_replaced_actor_gaps_every_watcher() -> None:
     assert gap.kind == "gap"
     assert fresh == []  # a snapshot of the empty replacement, not a replay of the old history
     await cache.aclose()
+
+
+async def test_a_stalled_actor_is_not_watched() -> None:
+    journal = Journal()
+    cache = CacheFront(lambda: CacheActor(journal=journal), journal=journal)
+    cache.start()
+    cache.found_stalled()
+    with pytest.raises(CacheActorDead, match="not answering"):
+        await cache.watch(None, 0, capacity=10)
+    cache.found_answering()
+    watcher, _ = await cache.watch(None, 0, capacity=10)
+    watcher.close()
+    await cache.aclose()
