@@ -56,6 +56,38 @@ class ImageNotHeld(MmgateError, LookupError):
         self.index = index
 
 
+class UrlNotAllowed(MmgateError):
+    """An image URL the guard refused: the rule is named, never an internal host's address."""
+
+    def __init__(self, index: int, rule: str, detail: str) -> None:
+        super().__init__(f"images[{index}].url: {detail} (rule: {rule})")
+        self.index = index
+        self.rule = rule
+        self.detail = detail
+
+    def at(self, index: int) -> UrlNotAllowed:
+        """The same refusal for a request that has the URL at another index (a shared fetch)."""
+        return UrlNotAllowed(index, self.rule, self.detail)
+
+
+class ImageFetchFailed(MmgateError):
+    """An image URL that could not be fetched: ``kind`` "timeout" (DEADLINE_EXCEEDED),
+    "unavailable" (a connection that failed, an upstream 5xx: UNAVAILABLE) or "refused" (an
+    upstream 4xx, not an image, too large: FAILED_PRECONDITION). The upstream's status, never
+    its body."""
+
+    def __init__(self, index: int, kind: str, detail: str, upstream_status: int = 0) -> None:
+        super().__init__(f"images[{index}].url: {detail}")
+        self.index = index
+        self.kind = kind
+        self.detail = detail
+        self.upstream_status = upstream_status
+
+    def at(self, index: int) -> ImageFetchFailed:
+        """The same failure for a request that has the URL at another index (a shared fetch)."""
+        return ImageFetchFailed(index, self.kind, self.detail, self.upstream_status)
+
+
 class ModelTakesNoImages(MmgateError):
     """Images sent to a text-only model: refused before any image work."""
 
@@ -130,6 +162,7 @@ __all__ = [
     "AdapterRefused",
     "EngineUnavailable",
     "EntryNotFound",
+    "ImageFetchFailed",
     "ImageNotHeld",
     "ImageRejected",
     "InjectedFault",
@@ -139,5 +172,6 @@ __all__ = [
     "NotPermitted",
     "TenantOverloaded",
     "Unauthenticated",
+    "UrlNotAllowed",
     "Violation",
 ]

@@ -83,12 +83,14 @@ class ChatTurn:
 @final
 @dataclass(frozen=True, slots=True)
 class ImageInput:
-    """One image of a request: its bytes, or (``data`` None) the digest of bytes sent earlier."""
+    """One image of a request: its bytes, or (``data`` None) the digest of bytes sent earlier,
+    or the URL mmgate fetches them from."""
 
     index: int
     data: bytes | None
     digest: str = ""
     mime_type: str = ""
+    url: str = ""
 
 
 @final

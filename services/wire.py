@@ -43,6 +43,9 @@ UNTRUSTED_PEER: Final = "UNTRUSTED_PEER"  # mesh mode: the connection is not the
 ADMIN_ONLY: Final = "ADMIN_ONLY"
 ENTRY_NOT_FOUND: Final = "ENTRY_NOT_FOUND"  # another tenant's entry: as if there were none
 TENANT_OVERLOADED: Final = "TENANT_OVERLOADED"  # the tenant's own share of requests is in use
+# images by URL (docs/security.md): a URL the guard refused (the rule named), a fetch that failed
+URL_NOT_ALLOWED: Final = "URL_NOT_ALLOWED"
+IMAGE_FETCH_FAILED: Final = "IMAGE_FETCH_FAILED"
 
 # In a prompt or a chat message, where the request's next image goes.
 IMAGE_PLACEHOLDER: Final = "<image>"
@@ -78,6 +81,7 @@ __all__ = [
     "ENGINE_UNAVAILABLE",
     "ENTRY_NOT_FOUND",
     "ERROR_DOMAIN",
+    "IMAGE_FETCH_FAILED",
     "IMAGE_NOT_FOUND",
     "IMAGE_PLACEHOLDER",
     "INJECTED_FAULT",
@@ -89,6 +93,7 @@ __all__ = [
     "TENANT_OVERLOADED",
     "TRACE_HEADERS",
     "UNTRUSTED_PEER",
+    "URL_NOT_ALLOWED",
     "digest_of",
     "is_digest",
 ]

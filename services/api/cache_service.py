@@ -38,7 +38,7 @@ from .validation import image_input, image_violations
 
 _ACTOR_FIELDS = frozenset(pb.ActorStats.DESCRIPTOR.fields_by_name) - {"hit_ratio"}
 # what Cache.Watch may be narrowed to ("" : every stage)
-WATCH_STAGES: Final = ("", "prompt", "image", "embedding", "response")
+WATCH_STAGES: Final = ("", "prompt", "image", "embedding", "response", "fetch")
 _IMAGE_STAGES: Final = frozenset({"image", "embedding"})
 
 

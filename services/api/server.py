@@ -276,6 +276,7 @@ class MmgateServer:
             queue=self.pipelines.queue_stats,
             degraded=self.cache.figures(),
             watch=self.cache.watch_figures(),
+            fetch=self.pipelines.fetch_stats,
         )
 
     async def _forget(self, tenant: str, key: str) -> None:

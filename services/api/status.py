@@ -13,6 +13,10 @@ EntryNotFound                  NOT_FOUND          + ErrorInfo(reason=ENTRY_NOT_F
 AdapterNotFound                NOT_FOUND          + ErrorInfo(reason=ADAPTER_NOT_FOUND)
 AdapterRefused (a load)        INVALID_ARGUMENT   + BadRequest + ErrorInfo(reason=ADAPTER_REFUSED)
 TenantOverloaded               RESOURCE_EXHAUSTED + ErrorInfo(reason=TENANT_OVERLOADED) + RetryInfo
+UrlNotAllowed (image URL)      PERMISSION_DENIED  + ErrorInfo(reason=URL_NOT_ALLOWED, rule, index)
+ImageFetchFailed               DEADLINE_EXCEEDED (timeout), UNAVAILABLE (connection, upstream 5xx)
+                               or FAILED_PRECONDITION (upstream 4xx, not an image, too large)
+                               + ErrorInfo(reason=IMAGE_FETCH_FAILED, index, upstream_status)
 an answer past the send limit  RESOURCE_EXHAUSTED + ErrorInfo(reason=ANSWER_TOO_LARGE)
 CacheRecursionError            INTERNAL           (the cycle goes to the log, not the client)
 anything else                  INTERNAL           (the log has it; the client gets no class name)
@@ -41,6 +45,7 @@ from ..errors import (
     AdapterRefused,
     EngineUnavailable,
     EntryNotFound,
+    ImageFetchFailed,
     ImageNotHeld,
     InjectedFault,
     InvalidRequest,
@@ -48,6 +53,7 @@ from ..errors import (
     NotPermitted,
     TenantOverloaded,
     Unauthenticated,
+    UrlNotAllowed,
     Violation,
 )
 from ..wire import (
@@ -59,12 +65,21 @@ from ..wire import (
     ENGINE_UNAVAILABLE,
     ENTRY_NOT_FOUND,
     ERROR_DOMAIN,
+    IMAGE_FETCH_FAILED,
     IMAGE_NOT_FOUND,
     INJECTED_FAULT,
     MODEL_TAKES_NO_IMAGES,
     OVERLOADED,
     TENANT_OVERLOADED,
+    URL_NOT_ALLOWED,
 )
+
+# ImageFetchFailed.kind -> the status a caller retries on, or not
+_FETCH_CODES = {
+    "timeout": grpc.StatusCode.DEADLINE_EXCEEDED,
+    "unavailable": grpc.StatusCode.UNAVAILABLE,
+    "refused": grpc.StatusCode.FAILED_PRECONDITION,
+}
 
 # What a refused-for-load caller is told to wait before trying again (google.rpc.RetryInfo).
 RETRY_AFTER_SECONDS = 1.0
@@ -192,6 +207,20 @@ def from_exception(exc: BaseException) -> ServiceError:
             str(exc),
             reason=IMAGE_NOT_FOUND,
             metadata={"digest": exc.digest, "index": str(exc.index)},
+        )
+    if isinstance(exc, UrlNotAllowed):
+        return ServiceError(
+            grpc.StatusCode.PERMISSION_DENIED,
+            str(exc),
+            reason=URL_NOT_ALLOWED,
+            metadata={"rule": exc.rule, "index": str(exc.index)},
+        )
+    if isinstance(exc, ImageFetchFailed):
+        return ServiceError(
+            _FETCH_CODES[exc.kind],
+            str(exc),
+            reason=IMAGE_FETCH_FAILED,
+            metadata={"index": str(exc.index), "upstream_status": str(exc.upstream_status)},
         )
     if isinstance(exc, CacheRecursionError):
         log.error("cache recursion refused: %s (cycle %s)", exc, " -> ".join(exc.cycle))

@@ -27,6 +27,7 @@ from ..wire import IMAGE_PLACEHOLDER, MIME_TYPES, is_digest
 ROLES = frozenset({"system", "user", "assistant"})
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
 MAX_STOP_CHARS = 256
+MAX_URL_CHARS = 2048  # an image URL's length, as browsers and CDNs keep to
 # alternatives per token (SamplingParams.logprobs, prompt_logprobs): vLLM's default max_logprobs
 MAX_LOGPROBS = 20
 # token ids named one by one in a refusal: the rest are counted
@@ -171,8 +172,11 @@ def _token_ids(
 
 def image_input(index: int, image: pb.Image) -> ImageInput:
     """A checked pb.Image as the pipeline takes it."""
-    if image.WhichOneof("source") == "data":
+    source = image.WhichOneof("source")
+    if source == "data":
         return ImageInput(index, image.data, mime_type=image.mime_type)
+    if source == "url":
+        return ImageInput(index, None, url=image.url, mime_type=image.mime_type)
     return ImageInput(index, None, digest=image.digest, mime_type=image.mime_type)
 
 
@@ -200,7 +204,7 @@ def _images(
             bad(where, "carries fields this server does not know")
         source = image.WhichOneof("source")
         if source is None:
-            bad(where, "set data or digest")
+            bad(where, "set data, digest or url")
         elif source == "digest" and not is_digest(image.digest):
             bad(f"{where}.digest", "'sha256:' and 64 lowercase hex digits")
         for violation in image_violations(image, settings, f"{where}."):
@@ -217,6 +221,15 @@ def image_violations(image: pb.Image, settings: Settings, prefix: str = "") -> l
         elif len(image.data) > limit:
             found.append(
                 Violation(f"{prefix}data", f"{len(image.data)} bytes; the limit is {limit}")
+            )
+    if image.WhichOneof("source") == "url":
+        url = image.url
+        if not url or len(url) > MAX_URL_CHARS or not url.isprintable() or " " in url:
+            found.append(
+                Violation(
+                    f"{prefix}url",
+                    f"an absolute URL of 1 to {MAX_URL_CHARS} printable characters, no spaces",
+                )
             )
     if image.mime_type and image.mime_type not in MIME_TYPES:
         found.append(

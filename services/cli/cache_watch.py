@@ -15,7 +15,7 @@ from ..client import MmgateClient
 from ..proto.mmgate.v1 import cache_pb2
 from . import arguments
 
-STAGES = ("prompt", "image", "embedding", "response")
+STAGES = ("prompt", "image", "embedding", "response", "fetch")
 
 
 def add_parser(

@@ -3,6 +3,7 @@
 mmgate serve [--port 50051 --engine.model PATH ...]   settings: env MMGATE_*, flags override
 mmgate generate "What is the capital of France?" [--stream] [--max-tokens N] [--raw]
 mmgate generate "What is in the picture?" --image photo.jpg   (a vision model)
+mmgate generate "What is in the picture?" --image-url https://cdn.example.com/photo.jpg
 mmgate generate "Summarise the ticket" --adapter support    (a LoRA adapter the caller may use)
 mmgate generate "Tag this" --priority 10                      (lower is more urgent)
 mmgate stats [--target HOST:PORT] [--watch [SECONDS] [--count N]]
@@ -62,7 +63,7 @@ async def _generate(args: argparse.Namespace) -> int:
         "temperature": args.temperature,
         "seed": args.seed,
         "cache_policy": args.cache_policy,
-        "images": args.image_bytes,
+        "images": [*args.image_bytes, *args.image_url],
         "json_schema": args.json_schema_text,
         "regex": args.regex,
         "choice": args.choice or None,
@@ -209,6 +210,13 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="an image file (PNG, JPEG, WebP) for each <image> in the prompt; repeatable",
+    )
+    generate.add_argument(
+        "--image-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="an image the server fetches (https), after the --image files; repeatable",
     )
     generate.add_argument(
         "-n", type=arguments.count, default=1, help="samples of the prompt (not with --stream)"

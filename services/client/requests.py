@@ -40,7 +40,7 @@ def build_request(
     prompt: str | None = None,
     *,
     messages: Sequence[tuple[str, str]] | None = None,
-    images: Sequence[bytes] = (),
+    images: Sequence[bytes | str] = (),
     raw: bool = False,
     request_id: str = "",
     cache_policy: str = "prompt",
@@ -67,7 +67,7 @@ def build_request(
         request_id=request_id,
         cache_policy=CACHE_POLICIES[cache_policy],
         sampling=inference_pb2.SamplingParams(**fields),
-        images=[inference_pb2.Image(data=data) for data in images],
+        images=[_image(image) for image in images],
         adapter=adapter,
         priority=priority,
     )
@@ -87,6 +87,13 @@ def build_request(
     return request
 
 
+def _image(image: bytes | str) -> inference_pb2.Image:
+    """Bytes, or an image URL ("https://...") for the server to fetch."""
+    if isinstance(image, str):
+        return inference_pb2.Image(url=image)
+    return inference_pb2.Image(data=image)
+
+
 def affinity_of(request: inference_pb2.GenerateRequest) -> str | None:
     """The request's affinity key: the digest of its first image, else of its system prompt
     (the prefix requests share); None for a request with neither."""
@@ -96,6 +103,8 @@ def affinity_of(request: inference_pb2.GenerateRequest) -> str | None:
             # only a well-formed one: anything else is the server's to refuse, and would not
             # even be a legal header value
             return first.digest if is_digest(first.digest) else None
+        if first.HasField("url"):
+            return digest_of(first.url.encode())  # the same URL meets the same replica
         return digest_of(first.data)
     if request.HasField("chat"):
         system = [m.content for m in request.chat.messages if m.role == "system"]

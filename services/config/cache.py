@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
+import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cache_actor import CacheConfig
 
@@ -14,6 +16,15 @@ from .engine import MiB
 
 # the actor's own defaults are the settings' (one source): filled in by name
 _ACTOR: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(CacheConfig)}
+UrlScheme = Literal["https", "http"]
+
+
+def _https_only() -> list[UrlScheme]:
+    return ["https"]
+
+
+# a host name as an allow-list entry: labels of letters, digits and hyphens
+_HOST = re.compile(r"(?i)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*")
 # the settings the actor takes under the same name
 _BY_NAME = (
     "max_bytes",
@@ -109,6 +120,33 @@ class MediaSettings(BaseModel):
     """Largest encoded image."""
     max_image_pixels: int = Field(40_000_000, gt=0)
     """Most pixels (width x height) of one image, checked before it is decoded."""
+    url_schemes: list[UrlScheme] = Field(default_factory=_https_only)
+    """Schemes an image URL may have (Image.url); http only where the network path is trusted."""
+    url_allow: list[str] = Field(default_factory=list)
+    """Hosts and CIDRs an image URL may reach although they are loopback, private, link-local
+    (the cloud metadata address), multicast, unspecified or reserved (docs/security.md)."""
+
+    @field_validator("url_allow")
+    @classmethod
+    def _hosts_and_networks(cls, entries: list[str]) -> list[str]:
+        for entry in entries:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                if not _HOST.fullmatch(entry):
+                    raise ValueError(f"{entry!r} is neither a host name nor a CIDR") from None
+        return [entry.lower() for entry in entries]
+
+    url_max_redirects: int = Field(3, ge=0, le=10)
+    """Redirects followed for an image URL, each hop checked as the first."""
+    url_connect_timeout_seconds: float = Field(5.0, gt=0)
+    """Connecting to an image URL's host, within the request's deadline."""
+    url_read_timeout_seconds: float = Field(10.0, gt=0)
+    """Longest wait for the next bytes of an image URL's answer, within the request's deadline."""
+    url_fresh_seconds: float = Field(60.0, ge=0)
+    """How long a fetched URL's bytes are used again (per tenant) before it is fetched anew."""
+    url_ca_file: Path | None = None
+    """PEM of the CAs image URLs' servers are checked against; unset: the system's."""
     min_image_side: int = Field(8, gt=0)
     """Smallest width or height in pixels."""
     encoder_dtype: str | None = None

@@ -33,6 +33,7 @@ from ..types import (
 )
 from .adapter_metrics import adapter_families
 from .degraded_metrics import DegradedStats, WatchStats, degraded_families
+from .media_metrics import FetchStats, media_families
 from .queue_metrics import QueueStats, queue_families
 
 # the cache stages that hold images: the media level
@@ -68,6 +69,7 @@ class Snapshot:
     queue: QueueStats = dataclasses.field(default_factory=QueueStats)
     degraded: DegradedStats = dataclasses.field(default_factory=DegradedStats)
     watch: WatchStats = dataclasses.field(default_factory=WatchStats)
+    fetch: FetchStats = dataclasses.field(default_factory=FetchStats)  # images by URL
 
 
 def media_outcome(outcome: str, tier: str) -> str:
@@ -161,36 +163,14 @@ _ACTOR_COUNTERS = (
         "Time spent loading values (computations and tier reads).",
     ),
 )
+
+
 # (name, MediaStats field, help)
-_MEDIA_COUNTERS = (
-    ("mmgate_media_decodes_total", "decodes", "Images decoded by mmgate."),
-    ("mmgate_media_decode_seconds_total", "decode_seconds", "Time spent decoding images."),
-    (
-        "mmgate_media_encodes_total",
-        "encodes",
-        "Images run through the vision encoder by mmgate (embeddings mode).",
-    ),
-    ("mmgate_media_encode_seconds_total", "encode_seconds", "Time spent in the vision encoder."),
-    ("mmgate_media_encode_batches_total", "encode_batches", "Runs of the vision encoder."),
-    (
-        "mmgate_media_rejected_total",
-        "rejected",
-        "Images refused: corrupt, unsupported, too large or too small.",
-    ),
-    (
-        "mmgate_media_not_held_total",
-        "not_held",
-        "References to an image the cache no longer held (the client resends its bytes).",
-    ),
-)
-
-
 def families(s: Snapshot) -> Iterator[Metric]:
     yield from _cache_levels(s)
     yield from _actor(s)
     yield from _engine(s)
-    for name, field, documentation in _MEDIA_COUNTERS:
-        yield CounterMetricFamily(name, documentation, value=getattr(s.media, field))
+    yield from media_families(s.media, s.fetch)
     yield from _threads(s)
     yield from _service(s)
     yield from adapter_families(s.adapters)

@@ -30,6 +30,7 @@ from typing import final
 from ..config import Settings
 from ..engine.protocol import Engine
 from ..errors import EngineUnavailable
+from ..observability.media_metrics import FetchStats
 from ..observability.queue_metrics import QueueStats
 from ..types import (
     AdapterRef,
@@ -175,8 +176,11 @@ class Pipeline:
         )
 
     async def close(self) -> None:
-        """Cancel shared-response producers still running (shutdown)."""
+        """Cancel shared-response producers still running, close the image URLs' connections
+        (shutdown)."""
         await self.responses.close()
+        if self.media.fetcher is not None:
+            await self.media.fetcher.aclose()
 
 
 @final
@@ -240,6 +244,13 @@ class PipelineRef:
     def media_stats(self) -> MediaStats:
         """The media stage's counts; none before the engine has started."""
         return self.current.media.stats if self.current is not None else MediaStats()
+
+    @property
+    def fetch_stats(self) -> FetchStats:
+        """Images by URL: what was fetched, coalesced, refused; none before the engine has
+        started (and none for a text model)."""
+        fetcher = self.current.media.fetcher if self.current is not None else None
+        return fetcher.stats.copy() if fetcher is not None else FetchStats()
 
     @property
     def queue_stats(self) -> QueueStats:

@@ -22,6 +22,7 @@ from services.config import Settings
 from services.models import build_test_adapter, build_tiny_model, engine_settings
 from services.observability.tracing import Tracing
 from tests.support import RunningServer, start_server
+from tests.tls_support import CertificateAuthority, Issued
 
 from .in_process import TRACED_SERVICE, InProcess, SpanWatch, start_watched
 from .otlp_receiver import OtlpReceiver
@@ -96,9 +97,21 @@ def llava_adapters(tiny_llava: Path, tmp_path_factory: pytest.TempPathFactory) -
     return root
 
 
+@pytest.fixture(scope="session")
+def image_hosts_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Issued]:
+    """The CA image URLs' test servers are checked against (MMGATE_MEDIA__URL_CA_FILE), and
+    their certificate, for the names a test's resolver maps to their loopback addresses."""
+    ca = CertificateAuthority(tmp_path_factory.mktemp("image-hosts"), "image hosts CA")
+    names = ("images.test", "internal.test", "private.test")
+    return ca.issued.cert, ca.issue("image-hosts", "images.test", dns=names, server=True)
+
+
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def llava_in_process(
-    tiny_llava: Path, llava_adapters: Path, receiver: OtlpReceiver
+    tiny_llava: Path,
+    llava_adapters: Path,
+    receiver: OtlpReceiver,
+    image_hosts_cert: tuple[Path, Issued],
 ) -> AsyncIterator[InProcess]:
     """The tiny LLaVA in embeddings mode in this process, tracing into memory and to
     ``receiver``, with a LoRA adapter "lm" and an adapter root; its tests run in the session's
@@ -110,8 +123,13 @@ async def llava_in_process(
             "adapters": {"lm": llava_adapters / "language"},
             "adapter_root": llava_adapters,
         },
-        # embeddings mode by name: auto leaves a tower this fast to the engine
-        media={"mode": "embeddings"},
+        # embeddings mode by name: auto leaves a tower this fast to the engine; image URLs
+        # from the test image hosts (tests/services/pipeline/test_image_urls.py)
+        media={
+            "mode": "embeddings",
+            "url_allow": ["127.0.0.2/32"],
+            "url_ca_file": image_hosts_cert[0],
+        },
         metrics={"port": 0},
         tracing={
             "endpoint": f"127.0.0.1:{receiver.port}",

@@ -117,14 +117,16 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Image(_message.Message):
-    __slots__ = ("data", "digest", "mime_type")
+    __slots__ = ("data", "digest", "url", "mime_type")
     DATA_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
     MIME_TYPE_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     digest: str
+    url: str
     mime_type: str
-    def __init__(self, data: _Optional[bytes] = ..., digest: _Optional[str] = ..., mime_type: _Optional[str] = ...) -> None: ...
+    def __init__(self, data: _Optional[bytes] = ..., digest: _Optional[str] = ..., url: _Optional[str] = ..., mime_type: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("prompt", "chat", "token_ids", "sampling", "request_id", "cache_policy", "images", "adapter", "priority")

@@ -1,0 +1,103 @@
+"""The image URL guard's address rules and settings, without a network: each kind of address an
+SSRF aims at, in its IPv4 and IPv6 forms; the allow-list's entries checked at start.
+
+The fetch itself (pinning, redirects, caps, coalescing) runs against real HTTPS servers in
+tests/services/pipeline/test_image_urls.py."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import time
+
+import pydantic
+import pytest
+
+from cache_actor import CacheActor
+from services.config import MediaSettings
+from services.pipeline.cache_front import CacheFront
+from services.pipeline.media.fetch import Fetched, ImageFetcher, refused_kind
+
+
+@pytest.mark.parametrize(
+    ("address", "kind"),
+    [
+        ("127.0.0.1", "loopback"),
+        ("127.0.0.3", "loopback"),
+        ("::1", "loopback"),
+        ("::ffff:127.0.0.1", "loopback"),  # IPv4-mapped
+        ("169.254.169.254", "link-local (cloud metadata)"),
+        ("fe80::1", "link-local (cloud metadata)"),
+        ("::ffff:169.254.169.254", "link-local (cloud metadata)"),
+        ("10.1.2.3", "private"),
+        ("172.16.0.1", "private"),
+        ("192.168.1.10", "private"),
+        ("fd00:ec2::254", "private"),  # a cloud's IPv6 metadata address
+        ("2002:a01:203::1", "private"),  # 6to4 around 10.1.2.3
+        ("0.0.0.0", "unspecified"),
+        ("::", "unspecified"),
+        ("224.0.0.1", "multicast"),
+        ("ff02::1", "multicast"),
+        ("100.100.100.200", "reserved"),  # shared address space (a cloud's metadata)
+        ("240.0.0.1", "reserved"),
+    ],
+)
+def test_every_internal_kind_of_address_is_refused(address: str, kind: str) -> None:
+    assert refused_kind(ipaddress.ip_address(address)) == kind
+
+
+@pytest.mark.parametrize("address", ["93.184.215.14", "1.1.1.1", "2606:4700:4700::1111"])
+def test_a_public_address_is_not(address: str) -> None:
+    assert refused_kind(ipaddress.ip_address(address)) is None
+
+
+def test_the_allow_list_takes_hosts_and_networks_only() -> None:
+    settings = MediaSettings(url_allow=["127.0.0.2/32", "CDN.Example.com", "10.0.0.0/8"])
+    assert settings.url_allow == ["127.0.0.2/32", "cdn.example.com", "10.0.0.0/8"]
+    assert MediaSettings().url_schemes == ["https"]
+    for bad in ("https://cdn.example.com", "cdn example", "10.0.0.0/33"):
+        with pytest.raises(pydantic.ValidationError):
+            MediaSettings(url_allow=[bad])
+    with pytest.raises(pydantic.ValidationError):
+        MediaSettings(url_schemes=["ftp"])
+
+
+async def test_in_degraded_mode_each_request_fetches_for_itself() -> None:
+    cache = CacheFront(CacheActor)
+    cache.start()
+    cache.found_stalled()
+    fetcher = ImageFetcher(MediaSettings(), cache)
+    urls: list[str] = []
+
+    async def fetch_once(index: int, url: str, deadline: float) -> Fetched:
+        urls.append(url)
+        return Fetched(b"bytes", "image/png", time.monotonic())
+
+    fetcher._fetch = fetch_once  # type: ignore[method-assign]
+    deadline = time.monotonic() + 5
+    await asyncio.gather(
+        *(fetcher.fetch(0, "https://a.test/x.png", "t", deadline) for _ in range(3))
+    )
+    assert len(urls) == 3  # uncoalesced, unstored
+    assert fetcher.stats.outcomes == {"bypass": 3}
+    await fetcher.aclose()
+    await cache.aclose()
+
+
+async def test_bytes_older_than_the_freshness_window_are_fetched_anew() -> None:
+    cache = CacheFront(CacheActor)
+    cache.start()
+    fetcher = ImageFetcher(MediaSettings(url_fresh_seconds=0), cache)
+    stamps = iter((100.0, 200.0))
+
+    async def fetch_once(index: int, url: str, deadline: float) -> Fetched:
+        return Fetched(b"bytes", "image/png", next(stamps))
+
+    fetcher._fetch = fetch_once  # type: ignore[method-assign]
+    deadline = time.monotonic() + 5
+    first = await fetcher.fetch(0, "https://a.test/x.png", "t", deadline)
+    again = await fetcher.fetch(0, "https://a.test/x.png", "t", deadline)
+    assert (first.fetched_at, again.fetched_at) == (100.0, 200.0)  # stale: fetched again
+    assert fetcher.stats.outcomes == {"miss": 2}
+    await fetcher.aclose()
+    await cache.aclose()
