@@ -102,9 +102,15 @@ class ImageFetcher:
         verify: ssl.SSLContext | bool = True
         if settings.url_ca_file is not None:
             verify = ssl.create_default_context(cafile=str(settings.url_ca_file))
-        # no redirects of its own (each hop is checked here), no proxies from the environment
+        # no redirects of its own (each hop is checked here), no proxies from the environment,
+        # and no connection kept: a pooled one is keyed by the address, and reusing it for
+        # another name at that address would skip the check of that name's certificate
         self._client = httpx.AsyncClient(
-            verify=verify, follow_redirects=False, trust_env=False, http2=False
+            verify=verify,
+            follow_redirects=False,
+            trust_env=False,
+            http2=False,
+            limits=httpx.Limits(max_keepalive_connections=0),
         )
 
     async def aclose(self) -> None:

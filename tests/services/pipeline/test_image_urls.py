@@ -36,7 +36,12 @@ from ..imagegen import png, png_bomb
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-ADDRESSES = {"images.test": "127.0.0.2", "internal.test": "127.0.0.3", "private.test": "10.1.2.3"}
+ADDRESSES = {
+    "images.test": "127.0.0.2",
+    "internal.test": "127.0.0.3",
+    "private.test": "10.1.2.3",
+    "impostor.test": "127.0.0.2",  # the same address, a name its certificate does not carry
+}
 CAT = png(3101)
 MiB = 2**20
 
@@ -79,6 +84,8 @@ def hosts(
         cert,
         {
             "/cat.png": image(CAT),
+            "/first.png": image(png(3103)),
+            "/second.png": image(png(3104)),
             "/shared.png": held_back,
             "/to-loopback": redirect(f"https://internal.test:{internal.port}/secret.png"),
             "/to-metadata": redirect("http://169.254.169.254/latest/meta-data/"),
@@ -293,3 +300,16 @@ async def test_the_command_line_sends_an_image_url(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip()
+
+
+async def test_a_name_is_checked_against_its_certificate_on_every_fetch(
+    client: MmgateClient, hosts: tuple[ImageHost, ImageHost]
+) -> None:
+    """A connection to an address is never reused for another name at that address: the
+    second name's certificate is checked (here it has none), not the first's."""
+    allowed, _ = hosts
+    assert (await client.complete_request(ask(allowed.url("/first.png", "images.test")))).token_ids  # type: ignore[arg-type]
+    error = await refusal(client, allowed.url("/second.png", "impostor.test"))
+    assert error.code() == grpc.StatusCode.UNAVAILABLE, error.details()
+    assert error_reason(error) == "IMAGE_FETCH_FAILED"
+    assert allowed.hits["/second.png"] == 0
