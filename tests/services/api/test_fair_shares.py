@@ -191,7 +191,30 @@ async def test_weights_3_and_1_complete_3_to_1_and_one_tenant_alone_gets_every_s
     stall blurs: the runs each was granted from the start until a point where both still wait
     (no request arrives in between, so both waited throughout). Long runs (960 tokens), and a
     count of 28 grants of the 64 before heavy's queue is empty, leave a scrape some 9 rounds of
-    runs to land in that window on a loaded host."""
+    runs to land in that window on a loaded host. A scrape that still lands after it (this
+    2-vCPU host once starved the test's process through ~50 grants) saw nothing of the ratio:
+    that observation is inconclusive, and the whole scenario runs again, three times at most;
+    a conclusive one must hold."""
+    observed = None
+    for _ in range(3):
+        observed = await weights_observed(fair_server, tenants)
+        if observed is not None:
+            break
+        await scrape_until(fair_server.metrics_url, idle)  # the cancelled calls have left
+    assert observed is not None, "no scrape landed while both tenants waited, three times"
+    heavy, light = observed
+    print(f"granted while both waited: heavy {heavy:.0f}, light {light:.0f} ({heavy / light:.2f})")
+    assert 2.5 <= heavy / light <= 3.5, (heavy, light)
+    # alone, a tenant takes every slot: a share is not a cap
+    await scrape_until(fair_server.metrics_url, idle)  # the cancelled calls have left
+    await let_go(await hold(fair_server, tenants["holder"], 2 * SLOTS))
+
+
+async def weights_observed(
+    fair_server: RunningServer, tenants: dict[str, MmgateClient]
+) -> tuple[float, float] | None:
+    """Heavy's and light's grants from the start to a scrape where both still wait; None when
+    the scrape came after one of them had nothing left waiting."""
     held = await hold(fair_server, tenants["holder"], SLOTS)
     calls = [
         asyncio.ensure_future(
@@ -214,14 +237,11 @@ async def test_weights_3_and_1_complete_3_to_1_and_one_tenant_alone_gets_every_s
     end = await scrape_until(fair_server.metrics_url, enough, timeout=180)
     await let_go(calls)
     assert enough(end), end.text
-    for tenant in ("heavy", "light"):
-        assert end.value("mmgate_queue_depth", tenant=tenant) > 0, end.text
-    heavy, light = granted(end, "heavy"), granted(end, "light")
-    print(f"granted while both waited: heavy {heavy:.0f}, light {light:.0f} ({heavy / light:.2f})")
-    assert 2.5 <= heavy / light <= 3.5, (heavy, light)
-    # alone, a tenant takes every slot: a share is not a cap
-    await scrape_until(fair_server.metrics_url, idle)  # the cancelled calls have left
-    await let_go(await hold(fair_server, tenants["holder"], 2 * SLOTS))
+    if any(end.value("mmgate_queue_depth", tenant=t) == 0 for t in ("heavy", "light")):
+        heavy, light = granted(end, "heavy"), granted(end, "light")
+        print(f"inconclusive: a late scrape, after {heavy:.0f} and {light:.0f} grants")
+        return None
+    return granted(end, "heavy"), granted(end, "light")
 
 
 async def test_urgent_requests_wait_far_less_than_a_saturating_low_priority_load(
