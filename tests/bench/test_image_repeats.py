@@ -1,0 +1,86 @@
+"""The repeated-images benchmark's bookkeeping: what its clock counts, how it judges that runs
+agree, and where it pins the engine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bench import image_repeats
+from bench.image_repeats import Case, from_median, run_case
+
+
+class CountingSide:
+    """A side that answers at once and notes how many images existed when it was asked."""
+
+    name = "counting"
+
+    def __init__(self, images: dict[int, bytes]) -> None:
+        self.images = images
+        self.made_when_asked: list[int] = []
+
+    async def start(self) -> float:
+        return 0.0
+
+    async def ask(self, image: bytes, layout: str, n: int) -> tuple[float, int]:
+        if n >= 0 and n < 1000:  # a measured request (not the working set, not a burst)
+            self.made_when_asked.append(len(self.images))
+        return 0.001, len(image)
+
+    async def counts(self) -> dict[str, float]:
+        return {}
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_every_image_of_a_case_is_made_before_its_clock_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a JPEG takes ~10 ms to make: made inside the measured loop, it was counted in the first
+    # side's requests/s (in each first run, where the images were new)
+    monkeypatch.setattr(image_repeats, "photo", lambda seed, size: b"jpeg %d" % seed)
+    images: dict[int, bytes] = {}
+    side = CountingSide(images)
+    case = Case("shared", 4, 0.5)
+    await run_case([side], case, 20, 1_000, images)
+    measured_images = 4 + 10  # the working set, then one new image a request not repeated
+    assert side.made_when_asked
+    assert min(side.made_when_asked) >= measured_images
+
+
+def test_runs_agree_by_their_distance_from_the_median() -> None:
+    assert from_median([1.0, 1.05, 0.95]) == pytest.approx(0.05)
+    assert from_median([1.0, 1.0, 1.3]) == pytest.approx(0.3)
+    # one run far off is found whichever side it is on
+    assert from_median([2.0, 1.0, 1.0]) == pytest.approx(1.0)
+    assert from_median([0.5, 1.0, 1.0]) == pytest.approx(0.5)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs two CPUs")
+def test_pin_leaves_the_engine_its_cpu_and_the_rest_to_everything_else() -> None:
+    # in a child: pinning moves the process that calls it
+    code = (
+        "import os; from bench.image_repeats import pin; pin(0); "
+        "print(sorted(os.sched_getaffinity(0)), os.environ['VLLM_CPU_OMP_THREADS_BIND'])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    others = sorted(os.sched_getaffinity(0) - {0})
+    assert out.splitlines()[-1] == f"{others} 0"
+
+
+def test_pin_on_a_single_cpu_changes_nothing() -> None:
+    code = (
+        "import os; os.sched_setaffinity(0, {0}); from bench.image_repeats import pin; pin(0); "
+        "print(sorted(os.sched_getaffinity(0)), 'VLLM_CPU_OMP_THREADS_BIND' in os.environ)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_OMP_THREADS_BIND"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    ).stdout
+    assert out.splitlines()[-1] == "[0] False"
