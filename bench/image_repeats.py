@@ -27,10 +27,11 @@ every contender). Then a burst: 8 requests with the same new image, sent togethe
 a realistic size (1024x768 photo-like, ~100 KB), greedy, 8 new tokens.
 
 ``--runs N`` repeats the whole run N times (fresh servers, the contenders' order turned) and
-prints every ratio's spread over the runs; ``--interleave`` starts every contender's server at
-once and sends a case's requests to each in turn, so that a drift of the host over minutes hits
-all sides alike; it needs spare cores (on two vCPUs the servers not being measured took enough
-of them to cut every side's requests/s 6-fold).
+prints how far each ratio's runs are from their median; ``--interleave`` starts every
+contender's server at once and sends a case's requests to each in turn, so that a drift of the
+host over minutes hits all sides alike; it needs a CPU for each server's worker (on two vCPUs
+vLLM binds every server's worker to the same CPU, each busy-waits after its steps, and every
+side's requests/s fell 6-fold).
 
 ``--pin CPU`` (``make bench-image-repeats`` pins CPU 0) leaves vLLM's CPU worker that CPU alone
 and puts everything else (this client, the servers' front ends and engine cores) on the others.
@@ -349,10 +350,8 @@ def pin(engine_cpu: int) -> None:
 
     vLLM binds its worker to a CPU of its own choosing and leaves the others' placement to the
     kernel; after each step the worker spins (``sched_yield``) for up to a second waiting for
-    the next, so a front end or client thread the kernel puts on that CPU waits behind it for a
-    time slice. Which threads land there changes from server to server and over seconds: on two
-    vCPUs, TTFT then has two modes about 12 ms apart, each of them covering anything from none
-    to most of a stretch of requests, and a p50 falls in either."""
+    the next, so a thread the kernel puts on that CPU waits behind it for a time slice: the
+    slow mode of the module's docstring."""
     others = set(os.sched_getaffinity(0)) - {engine_cpu}
     if not others:
         print(f"not pinned: no CPU but {engine_cpu} to leave to the client and the servers")

@@ -19,6 +19,7 @@ from typing import Final, final
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 from ..types import MediaStats
+from .histograms import cumulative_buckets
 
 FETCH_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -79,14 +80,10 @@ def media_families(media: MediaStats, fetch: FetchStats) -> Iterator[Metric]:
     yield CounterMetricFamily(
         "mmgate_image_fetch_bytes_total", "Bytes fetched from image URLs.", value=fetch.bytes
     )
-    buckets, running = [], 0
-    for bound, count in zip((*map(str, FETCH_BUCKETS), "+Inf"), fetch.counts, strict=True):
-        running += count
-        buckets.append((bound, running))
     yield HistogramMetricFamily(
         "mmgate_image_fetch_seconds",
         "One fetch of an image URL, redirects included.",
-        buckets=buckets,
+        buckets=cumulative_buckets(FETCH_BUCKETS, fetch.counts),
         sum_value=fetch.seconds,
     )
 

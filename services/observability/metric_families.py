@@ -33,6 +33,7 @@ from ..types import (
 )
 from .adapter_metrics import adapter_families
 from .degraded_metrics import DegradedStats, WatchStats, degraded_families
+from .histograms import cumulative_buckets
 from .media_metrics import FetchStats, media_families
 from .queue_metrics import QueueStats, queue_families
 
@@ -350,12 +351,7 @@ def _engine(s: Snapshot) -> Iterator[Metric]:
         "mmgate_engine_time_to_first_token_seconds",
         "From a request's arrival in the engine to its first generated token.",
     )
-    bounds = (*(str(b) for b in TIME_TO_FIRST_TOKEN_BUCKETS), "+Inf")
-    buckets: list[tuple[str, float]] = []
-    cumulative = 0
-    for bound, count in zip(bounds, t.time_to_first_token_counts, strict=True):
-        cumulative += count
-        buckets.append((bound, cumulative))
+    buckets = cumulative_buckets(TIME_TO_FIRST_TOKEN_BUCKETS, t.time_to_first_token_counts)
     ttft.add_metric([], buckets, sum_value=t.time_to_first_token_sum)
     yield ttft
 

@@ -7,7 +7,6 @@ The ``tenant`` label holds at most ``MMGATE_TENANTS__MAX_LABELS`` tenants, the r
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import final
@@ -18,6 +17,8 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
+
+from .histograms import cumulative_buckets
 
 # Upper bounds of the queue-wait buckets, in seconds (the histogram's `le`).
 QUEUE_WAIT_BUCKETS = (
@@ -47,9 +48,6 @@ class QueueStats:
     slots: int = 0  # what the engine is handed at most (0: no queue)
     in_use: int = 0
     tenants: Mapping[str, TenantQueueStats] = field(default_factory=dict)
-
-
-_BOUNDS = (*(str(bound) for bound in QUEUE_WAIT_BUCKETS), "+Inf")
 
 
 def queue_families(stats: QueueStats) -> Iterator[Metric]:
@@ -88,8 +86,7 @@ def queue_families(stats: QueueStats) -> Iterator[Metric]:
         depth.add_metric([tenant], figures.waiting)
         held.add_metric([tenant], figures.slots)
         left.add_metric([tenant], figures.left)
-        cumulative = itertools.accumulate(figures.wait_counts)
-        buckets = [(bound, float(count)) for bound, count in zip(_BOUNDS, cumulative, strict=True)]
+        buckets = cumulative_buckets(QUEUE_WAIT_BUCKETS, figures.wait_counts)
         wait.add_metric([tenant], buckets, sum_value=figures.wait_seconds)
     yield from (depth, held, left, wait)
 

@@ -100,13 +100,10 @@ class MediaStage:
     description: ClassVar[str]
     takes_images: ClassVar[bool] = True
 
+    fetcher: ImageFetcher | None = None  # images by URL, where the model takes images
+
     def __init__(self) -> None:
         self.stats = MediaStats()
-
-    @property
-    def fetcher(self) -> ImageFetcher | None:
-        """Images by URL, where the model takes images."""
-        return None
 
     @property
     def placeholder_tokens(self) -> int:
@@ -179,7 +176,7 @@ class PixelsStage(MediaStage):
         self.chaos = chaos if chaos is not None else NoChaos()
         # what the cache stores of a decoded image: the processor's size, where exact
         self.shrink = shrink
-        self.urls = ImageFetcher(settings, cache)  # images by URL
+        self.fetcher: ImageFetcher = ImageFetcher(settings, cache)
         self._placeholder_tokens = placeholder_tokens
         # Pillow's bomb check: warn beyond this, refuse beyond twice this (process-wide)
         Image.MAX_IMAGE_PIXELS = settings.max_image_pixels
@@ -187,10 +184,6 @@ class PixelsStage(MediaStage):
     @property
     def placeholder_tokens(self) -> int:
         return self._placeholder_tokens
-
-    @property
-    def fetcher(self) -> ImageFetcher:
-        return self.urls
 
     def stage_keys(self, digest: str) -> dict[str, str]:
         return {"image": _image_key(self.model_name, digest)}
@@ -229,7 +222,7 @@ class PixelsStage(MediaStage):
     ) -> tuple[Any, ImageReport]:
         """One image through its stages: (what the engine takes, where it came from)."""
         if image.url:
-            fetched = await self.urls.fetch(image.index, image.url, tenant, deadline)
+            fetched = await self.fetcher.fetch(image.index, image.url, tenant, deadline)
             try:
                 return await self._image(
                     ImageInput(image.index, fetched.data, mime_type=image.mime_type),
@@ -238,7 +231,7 @@ class PixelsStage(MediaStage):
                 )
             except InvalidRequest:
                 # bytes that are no image are not kept for the URL either
-                await self.urls.forget(image.url, tenant)
+                await self.fetcher.forget(image.url, tenant)
                 raise
         data = image.data
         if data is None:

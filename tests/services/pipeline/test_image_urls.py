@@ -120,7 +120,7 @@ def hosts(
 def server(embeddings_server: MmgateServer) -> MmgateServer:
     stage = embeddings_server.pipelines.get().media
     assert isinstance(stage, EmbeddingsStage)
-    stage.urls.resolver = resolve
+    stage.fetcher.resolver = resolve
     return embeddings_server
 
 
@@ -150,7 +150,7 @@ async def test_sixteen_requests_for_one_url_share_one_fetch(
     url = allowed.url("/shared.png", "images.test")
     stage = server.pipelines.get().media
     assert isinstance(stage, EmbeddingsStage)
-    before = dict(stage.urls.stats.outcomes)
+    before = dict(stage.fetcher.stats.outcomes)
     calls = [
         asyncio.ensure_future(client.complete_request(ask(url)))  # type: ignore[arg-type]
         for _ in range(16)
@@ -163,7 +163,7 @@ async def test_sixteen_requests_for_one_url_share_one_fetch(
     gate.set()
     answers = await asyncio.gather(*calls)
     assert allowed.hits["/shared.png"] == 1
-    after = stage.urls.stats.outcomes
+    after = stage.fetcher.stats.outcomes
     assert after["miss"] - before.get("miss", 0) == 1
     assert after["coalesced"] - before.get("coalesced", 0) == 15
     assert len({tuple(a.token_ids) for a in answers}) == 1
