@@ -36,8 +36,9 @@ side's requests/s fell 6-fold).
 ``--pin CPU`` (``make bench-image-repeats`` pins CPU 0) leaves vLLM's CPU worker that CPU alone
 and puts everything else (this client, the servers' front ends and engine cores) on the others.
 Unpinned, on two vCPUs, TTFT had two modes ~12 ms apart that came and went in stretches of
-seconds, and a case's p50 landed in either: a ratio moved up to 3.4x between runs. Pinned, all 24
-ratios of three whole runs agreed within +-8% of their median (docs/benchmarks.md); the absolute
+seconds, and a case's p50 landed in either: a ratio moved up to 3.4x between runs. Pinned, three
+whole runs agreed within +-8% of their median (24 ratios) in one invocation and +-14% in another:
+each side's figures still drift between servers minutes apart (docs/benchmarks.md). The absolute
 times are higher (the front ends share one CPU with the client), the same for every side.
 Each case's images are made before its clock starts.
 
