@@ -60,6 +60,16 @@ async def eventually(
     return time.monotonic() - started
 
 
+def engine_in_flight(client: MmgateClient, count: int) -> Callable[[], Awaitable[bool]]:
+    """For :func:`eventually`: the server has ``count`` requests open in its engine (by its own
+    bookkeeping, which holds while the engine core is stopped)."""
+
+    async def check() -> bool:
+        return (await client.stats()).engine_health.in_flight == count
+
+    return check
+
+
 def assert_no_leaked_tasks() -> None:
     current = asyncio.current_task()
     leaked = [t for t in asyncio.all_tasks() if t is not current and not t.done()]

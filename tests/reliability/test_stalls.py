@@ -27,9 +27,9 @@ from grpc_health.v1 import health_pb2
 
 from services.cli.bench.workload import Mix, Workload
 from services.client import MmgateClient, build_request, digest_of
-from services.proto.mmgate.v1 import cache_pb2
+from services.proto.mmgate.v1 import cache_pb2, inference_pb2
 from tests.services.prom import scrape
-from tests.support import RunningServer, engine_core, eventually
+from tests.support import RunningServer, engine_core, engine_in_flight, eventually
 
 from .conftest import (
     BLOCK_SECONDS,
@@ -176,14 +176,11 @@ async def test_a_blocked_loop_is_seen_from_a_thread_and_recovers(
     }
 
 
-async def long_running(client: MmgateClient) -> grpc.aio.UnaryStreamCall:
-    """A request in the middle of its run: the engine has work to do."""
+def long_request() -> inference_pb2.GenerateRequest:
     request = build_request("Tell a long story", max_tokens=900, temperature=0.0)
     request.sampling.ignore_eos = True
     request.request_id = "long-story"
-    call = client.inference.Generate(request, timeout=120)
-    await anext(aiter(call))
-    return call
+    return request
 
 
 async def test_a_stopped_engine_turns_health_not_serving_and_back(
@@ -191,15 +188,20 @@ async def test_a_stopped_engine_turns_health_not_serving_and_back(
     client: MmgateClient,
     stall_results: StallResults,
 ) -> None:
+    """The core is stopped, then a request is handed to it: the engine owes a step from then on.
+    (Stopped once the first token had come, the core could already have generated all 900 on a
+    loaded 2-core host, whose server relays tokens later than the core makes them: then nothing
+    was in flight and the stop went unseen.)"""
     core = engine_core(chaos_server)
     assert core is not None, chaos_server.log()
     stalls_before = (await client.stats()).engine_health.stalls
-    call = await long_running(client)
-    stopped = time.monotonic()
     os.kill(core.pid, signal.SIGSTOP)
     try:
+        sent = time.monotonic()  # the engine owes a step from about now
+        call = client.inference.Generate(long_request(), timeout=120)
+        await eventually(engine_in_flight(client, 1), timeout=30)
         await eventually(status_is(client, "readiness", NOT_SERVING), timeout=30)
-        to_not_ready = time.monotonic() - stopped
+        to_not_ready = time.monotonic() - sent
         # stalled, not yet hung: the process is still worth keeping
         assert await client.health("liveness") == SERVING
         stats = await client.stats()
@@ -208,7 +210,7 @@ async def test_a_stopped_engine_turns_health_not_serving_and_back(
         assert stats.engine_health.seconds_since_step >= ENGINE_STALL_SECONDS
 
         await eventually(status_is(client, "liveness", NOT_SERVING), timeout=30)
-        to_not_alive = time.monotonic() - stopped
+        to_not_alive = time.monotonic() - sent
         assert (await client.stats()).engine_health.state == "hung"
     finally:
         resumed = time.monotonic()
@@ -248,16 +250,18 @@ async def test_a_killed_engine_fails_liveness(
 ) -> None:
     core = engine_core(chaos_server)
     assert core is not None
-    call = await long_running(client)
-    # stopped first: the tiny model would otherwise finish the stream before it dies
+    # stopped, then handed a request: it is in flight when the core dies (the tiny model could
+    # otherwise have finished it before the kill, whatever the caller had seen of it)
     os.kill(core.pid, signal.SIGSTOP)
+    call = client.inference.Generate(long_request(), timeout=120)
+    await eventually(engine_in_flight(client, 1), timeout=30)
     killed = time.monotonic()
     os.kill(core.pid, signal.SIGKILL)
     await eventually(status_is(client, "liveness", NOT_SERVING), timeout=30)
     to_not_alive = time.monotonic() - killed
     assert await client.health("readiness") == NOT_SERVING
 
-    # the request that was running ends with mmgate's words, as does a new one
+    # the request in flight ends with mmgate's words, as does a new one
     with pytest.raises(grpc.aio.AioRpcError) as running:
         async for _ in call:
             pass

@@ -5,8 +5,8 @@ import pytest
 
 from services.client import MmgateClient, build_request
 from services.proto.mmgate.v1 import cache_pb2
-
-TRIES = 20
+from tests.services.prom import scrape
+from tests.support import RunningServer, engine_core, engine_in_flight, eventually
 
 
 async def settled_engine(client: MmgateClient, ticks: int = 5) -> cache_pb2.EngineCacheStats:
@@ -22,9 +22,13 @@ async def settled_engine(client: MmgateClient, ticks: int = 5) -> cache_pb2.Engi
 
 @pytest.mark.parametrize("samples", [1, 4])
 async def test_cancelled_stream_aborts_the_engine_request(
-    client: MmgateClient, samples: int
+    server: RunningServer, client: MmgateClient, samples: int
 ) -> None:
-    # four samples are four sequences in the engine: the cancellation ends all of them
+    """The call is cancelled while its engine request is open: the engine stops it short of its
+    900 tokens. The core is stopped while the request is handed to it and cancelled, so that
+    the cancellation lands before the run's end however fast the core runs (on a loaded 2-core
+    host the tiny model's core made all 900 tokens before the server had relayed the first, 20
+    tries in a row). Four samples are four sequences in the engine: the cancellation ends all."""
     request = build_request(
         "Long story",
         max_tokens=900,
@@ -32,26 +36,25 @@ async def test_cancelled_stream_aborts_the_engine_request(
         temperature=0.0 if samples == 1 else 1.0,
         n=samples if samples > 1 else None,
     )
-    # On a loaded 2-core machine the engine core (its own process) can generate all 900 tokens
-    # of the tiny model before the server's loop has sent the first one (vLLM then merges the
-    # deltas): nothing is left to abort when the cancellation lands. Such a run must have
-    # finished whole; the test tries again until a cancellation lands mid-generation (seen: 5 tries
-    # in a row finished whole during a full suite run; each try costs about a second).
-    for _ in range(TRIES):
-        before = await settled_engine(client)
-        stream = client.generate(request)
-        first = await anext(stream)
-        assert first.HasField("delta")
-        await stream.aclose()  # cancels the call
+    before = await settled_engine(client)
+    generated = (await scrape(server.metrics_url)).value("mmgate_engine_generation_tokens_total")
+    core = engine_core(server)
+    assert core is not None, server.log()
+    core.suspend()
+    try:
+        call = client.inference.Generate(request)
+        await eventually(engine_in_flight(client, 1), timeout=30)
+        call.cancel()
+        await eventually(engine_in_flight(client, 0), timeout=30)  # mmgate has let go of it
+    finally:
+        core.resume()
 
-        after = await settled_engine(client)
-        assert after.running == 0
-        if after.aborted == before.aborted + 1:
-            return
-        assert after.aborted == before.aborted
-        # the long request (whole), and at least one tick
-        assert after.requests >= before.requests + 2
-    raise AssertionError(f"the engine finished 900 tokens before each of {TRIES} cancellations")
+    after = await settled_engine(client)
+    assert after.running == 0
+    assert after.aborted == before.aborted + 1
+    made = (await scrape(server.metrics_url)).value("mmgate_engine_generation_tokens_total")
+    # the ticks' single tokens, and whatever the core made before it read the abort
+    assert made - generated < 900 * samples, (generated, made)
 
 
 async def test_deadline_exceeded_aborts_the_engine_request(client: MmgateClient) -> None:
