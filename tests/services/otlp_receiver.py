@@ -25,6 +25,8 @@ class ReceivedSpan:
     status_code: int  # 0 unset, 1 ok, 2 error
     attributes: dict[str, Any] = field(default_factory=dict)
     links: tuple[str, ...] = ()  # span ids linked to
+    start_ns: int = 0  # the sender's clock (Unix epoch, nanoseconds)
+    end_ns: int = 0
 
 
 def _value(value: common_pb2.AnyValue) -> Any:
@@ -61,6 +63,8 @@ class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
                             status_code=span.status.code,
                             attributes={a.key: _value(a.value) for a in span.attributes},
                             links=tuple(link.span_id.hex() for link in span.links),
+                            start_ns=span.start_time_unix_nano,
+                            end_ns=span.end_time_unix_nano,
                         )
                     )
         self._arrived.set()

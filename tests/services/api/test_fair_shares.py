@@ -1,12 +1,14 @@
 """Fair shares and priorities where requests wait: mmgate's queue in front of the real engine.
 
 One server on the tiny model whose engine runs 4 sequences at once (``max_num_seqs``), so that a
-few streams fill it; each tenant may have 24 requests in progress. Tenants are labels (mode
+few streams fill it; each tenant may have 48 requests in progress. Tenants are labels (mode
 none): "heavy" weighs 3, "mixed" runs at priority 10 by default and may ask 0 to 10, the others
 weigh 1 at priority 0. vLLM schedules by priority (a priority is configured). The "holder"
 tenant's runs hold their slots until their callers go (an engine fault that stalls before the
 engine sees the run, after mmgate's queue granted it): slots held for as long as a test needs,
-however fast the engine runs on this host.
+however fast the engine runs on this host. The order of grants is read from the server's queue
+spans (exported to the session's OTLP receiver), not from scrapes during the run: on a loaded
+2-vCPU host a busy server answered scrapes 20-50 s late, past the moments they had to catch.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import contextlib
 import json
 import statistics
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +29,7 @@ import pytest_asyncio
 
 from services.client import MmgateClient, build_request
 from services.proto.mmgate.v1 import inference_pb2
+from tests.services.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.services.prom import Scrape, scrape, scrape_until
 from tests.services.statuses import violated_fields
 from tests.support import RunningServer, start_server
@@ -35,11 +39,12 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 SLOTS = 4  # the engine's max_num_seqs here
 SHARE = 48  # each tenant's requests in progress
 LONG = 64  # tokens of a long stream
+SERVICE = "mmgate-fair-shares"  # its spans' service.name
 
 
 @pytest.fixture(scope="module")
 def fair_server(
-    tiny_model: str, tmp_path_factory: pytest.TempPathFactory
+    tiny_model: str, tmp_path_factory: pytest.TempPathFactory, receiver: OtlpReceiver
 ) -> Iterator[RunningServer]:
     running = start_server(
         tmp_path_factory.mktemp("fair"),
@@ -52,6 +57,12 @@ def fair_server(
         ),
         MMGATE_CHAOS__ENABLED="true",
         MMGATE_CHAOS__TENANTS=json.dumps({"holder": {"engine": {"stall": 1.0}}}),
+        MMGATE_TRACING__ENDPOINT=f"127.0.0.1:{receiver.port}",
+        MMGATE_TRACING__PROTOCOL="grpc",
+        MMGATE_TRACING__SERVICE_NAME=SERVICE,
+        # the tests count on every queue span: an export that a starved host slows past the
+        # default 10 s would be dropped
+        OTEL_EXPORTER_OTLP_TIMEOUT="120",
     )
     yield running
     assert running.stop() == 0, running.log()
@@ -122,13 +133,40 @@ async def queued(server: RunningServer, tenant: str, depth: int) -> Scrape:
     return found
 
 
+async def grants(receiver: OtlpReceiver, since: int, tenants: dict[str, int]) -> list[ReceivedSpan]:
+    """The queue spans of ``tenants``' runs (how many each) among the spans received after the
+    first ``since``, in the order the queue granted them: a span ends at its run's grant, on the
+    server's clock, which no caller's or scrape's stall on a loaded host blurs."""
+
+    def of(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
+        return [
+            s
+            for s in spans[since:]
+            if s.name == "queue"
+            and s.service == SERVICE
+            and s.attributes.get("mmgate.tenant") in tenants
+        ]
+
+    def complete(spans: list[ReceivedSpan]) -> bool:
+        counted = Counter(s.attributes["mmgate.tenant"] for s in of(spans))
+        return all(counted[tenant] >= count for tenant, count in tenants.items())
+
+    # spans leave in batches, every few seconds
+    try:
+        return sorted(of(await receiver.until(complete, timeout=180)), key=lambda s: s.end_ns)
+    except TimeoutError:
+        counted = Counter(s.attributes["mmgate.tenant"] for s in of(receiver.spans))
+        raise AssertionError(f"queue spans received: {dict(counted)}, wanted {tenants}") from None
+
+
 async def test_another_tenants_first_token_comes_when_a_slot_frees_not_after_a_whole_share(
-    fair_server: RunningServer, tenants: dict[str, MmgateClient]
+    fair_server: RunningServer, tenants: dict[str, MmgateClient], receiver: OtlpReceiver
 ) -> None:
     """The probe: A holds its whole share of long requests (4 in the engine, 44 in mmgate's
-    queue); B's first request starts as soon as the first of A's runs ends. Long (512 tokens,
-    unary to spare the test's process): A's queue must outlast the scrape that sees it on a
-    loaded host."""
+    queue); B's first request starts as soon as the first of A's runs ends. A's share queues
+    while the holder has every slot (so that it is seen whole whatever the host's speed), then
+    A's runs take the slots and B comes. Long runs (512 tokens, unary to spare the test's
+    process). Judged by the server's queue spans: when B was granted among A's grants."""
     tokens = 8 * LONG
 
     async def long_request() -> inference_pb2.GenerateFinal:
@@ -136,27 +174,36 @@ async def test_another_tenants_first_token_comes_when_a_slot_frees_not_after_a_w
         assert answer.final.usage.completion_tokens == tokens
         return answer.final
 
-    held = [asyncio.ensure_future(long_request()) for _ in range(SHARE)]
-    found = await scrape_until(
-        fair_server.metrics_url,
-        lambda s: s.value("mmgate_queue_depth", tenant="a") >= SHARE - 2 * SLOTS,
-    )
-    assert found.value("mmgate_queue_depth", tenant="a") >= SHARE - 2 * SLOTS, found.text
+    since = len(receiver.spans)
+    held = await hold(fair_server, tenants["holder"], SLOTS)
+    calls = [asyncio.ensure_future(long_request()) for _ in range(SHARE)]
+    await queued(fair_server, "a", SHARE)
+    await let_go(held)
     b = await stream(tenants["b"], 4)
-    a = await asyncio.gather(*held)
+    a = await asyncio.gather(*calls)
     assert b.final is not None
-    # the server's own figures (the clients' clocks stall for seconds on a loaded 2-core host):
-    # A's 5th request waited until the first of A's running requests ended
-    waits = sorted(final.queue_ms for final in a)
-    first_end, last = waits[SLOTS], waits[-1]
+    assert b.final.queue_ms > 0, "B was granted at once: A's queue had drained before it came"
+    order = await grants(receiver, since, {"a": SHARE, "b": 1})
+    b_grant = next(i for i, s in enumerate(order) if s.attributes["mmgate.tenant"] == "b")
+    b_span = order[b_grant]
+    a_grants = [s.end_ns for s in order if s.attributes["mmgate.tenant"] == "a"]
+    # A's first runs took the slots together; the 5th grant came when the first of them ended
+    first_run_ms = (a_grants[SLOTS] - a_grants[0]) / 1e6
+    last = max(final.queue_ms for final in a)
     print(
         f"B waited {b.final.queue_ms:.0f} ms for a slot (first token {b.ttft * 1000:.0f} ms "
-        f"after it was sent); the first of A's running requests ended after {first_end:.0f} ms; "
-        f"A's last request waited {last:.0f} ms"
+        f"after it was sent); the first of A's running requests ended {first_run_ms:.0f} ms "
+        f"after A's runs started; A's last request waited {last:.0f} ms; {b_grant} of A's "
+        f"{SHARE} runs were granted before B's"
     )
-    # B's run started when a slot first came free after it came, not after A's queue: without
-    # mmgate's queue B waited in the engine's behind all 44 of A's
-    assert b.final.queue_ms <= 1.5 * first_end + 50
+    # B's run started at the first slot that came free after it came (several can free in one
+    # engine step), not after A's queue: without mmgate's queue B waited in the engine's behind
+    # all 44 of A's
+    a_waiting = [t for t in a_grants if t > b_span.start_ns]
+    assert len(a_waiting) > SLOTS, "B came after A's queue had drained: no test of it"
+    a_while_b_waited = [t for t in a_waiting if t < b_span.end_ns]
+    assert len(a_while_b_waited) < SLOTS, (len(a_while_b_waited), len(a_waiting))
+    assert b.final.queue_ms <= 1.5 * first_run_ms + 50
     assert last > 3 * b.final.queue_ms
 
 
@@ -184,64 +231,38 @@ async def let_go(held: Sequence[asyncio.Future[Any]]) -> None:
 
 
 async def test_weights_3_and_1_complete_3_to_1_and_one_tenant_alone_gets_every_slot(
-    fair_server: RunningServer, tenants: dict[str, MmgateClient]
+    fair_server: RunningServer, tenants: dict[str, MmgateClient], receiver: OtlpReceiver
 ) -> None:
     """Both tenants' whole shares of equal requests wait together (the holder has every slot
-    until they have all arrived), then run. Counted by the server, whose figures no caller's
-    stall blurs: the runs each was granted from the start until a point where both still wait
-    (no request arrives in between, so both waited throughout). Long runs (960 tokens), and a
-    count of 28 grants of the 64 before heavy's queue is empty, leave a scrape some 9 rounds of
-    runs to land in that window on a loaded host. A scrape that still lands after it (this
-    2-vCPU host once starved the test's process through ~50 grants) saw nothing of the ratio:
-    that observation is inconclusive, and the whole scenario runs again, three times at most;
-    a conclusive one must hold."""
-    observed = None
-    for _ in range(3):
-        observed = await weights_observed(fair_server, tenants)
-        if observed is not None:
-            break
-        await scrape_until(fair_server.metrics_url, idle)  # the cancelled calls have left
-    assert observed is not None, "no scrape landed while both tenants waited, three times"
-    heavy, light = observed
-    print(f"granted while both waited: heavy {heavy:.0f}, light {light:.0f} ({heavy / light:.2f})")
-    assert 2.5 <= heavy / light <= 3.5, (heavy, light)
-    # alone, a tenant takes every slot: a share is not a cap
-    await scrape_until(fair_server.metrics_url, idle)  # the cancelled calls have left
-    await let_go(await hold(fair_server, tenants["holder"], 2 * SLOTS))
-
-
-async def weights_observed(
-    fair_server: RunningServer, tenants: dict[str, MmgateClient]
-) -> tuple[float, float] | None:
-    """Heavy's and light's grants from the start to a scrape where both still wait; None when
-    the scrape came after one of them had nothing left waiting."""
+    until they have all arrived), then run to their ends. Counted from the server's queue
+    spans, in the order the queue granted the runs: each tenant's grants until the first of
+    the two had none left waiting (both waited throughout, since no request arrived after)."""
+    since = len(receiver.spans)
     held = await hold(fair_server, tenants["holder"], SLOTS)
     calls = [
         asyncio.ensure_future(
-            tenants[tenant].complete("Tell me a story", max_tokens=15 * LONG, ignore_eos=True)
+            tenants[tenant].complete("Tell me a story", max_tokens=4 * LONG, ignore_eos=True)
         )
         for _ in range(SHARE)
         for tenant in ("heavy", "light")
     ]
     await queued(fair_server, "heavy", SHARE)
-    start = await queued(fair_server, "light", SHARE)
+    await queued(fair_server, "light", SHARE)
     await let_go(held)
-
-    def granted(found: Scrape, tenant: str) -> float:
-        name = "mmgate_queue_wait_seconds_count"
-        return found.value(name, tenant=tenant) - start.value(name, tenant=tenant)
-
-    def enough(found: Scrape) -> bool:
-        return granted(found, "heavy") + granted(found, "light") >= 28
-
-    end = await scrape_until(fair_server.metrics_url, enough, timeout=180)
-    await let_go(calls)
-    assert enough(end), end.text
-    if any(end.value("mmgate_queue_depth", tenant=t) == 0 for t in ("heavy", "light")):
-        heavy, light = granted(end, "heavy"), granted(end, "light")
-        print(f"inconclusive: a late scrape, after {heavy:.0f} and {light:.0f} grants")
-        return None
-    return granted(end, "heavy"), granted(end, "light")
+    answers = await asyncio.gather(*calls)
+    assert all(a.final.usage.completion_tokens == 4 * LONG for a in answers)
+    order = [
+        s.attributes["mmgate.tenant"]
+        for s in await grants(receiver, since, {"heavy": SHARE, "light": SHARE})
+    ]
+    # the grant that left one of them with nothing waiting
+    emptied = min(len(order) - 1 - order[::-1].index(tenant) for tenant in ("heavy", "light"))
+    both_waited = Counter(order[: emptied + 1])
+    heavy, light = both_waited["heavy"], both_waited["light"]
+    print(f"granted while both waited: heavy {heavy}, light {light} ({heavy / light:.2f})")
+    assert 2.5 <= heavy / light <= 3.5, (heavy, light)
+    # alone, a tenant takes every slot: a share is not a cap
+    await let_go(await hold(fair_server, tenants["holder"], 2 * SLOTS))
 
 
 async def test_urgent_requests_wait_far_less_than_a_saturating_low_priority_load(
