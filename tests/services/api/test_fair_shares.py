@@ -19,7 +19,7 @@ import json
 import statistics
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,11 +42,14 @@ LONG = 64  # tokens of a long stream
 SERVICE = "mmgate-fair-shares"  # its spans' service.name
 
 
-@pytest.fixture(scope="module")
-def fair_server(
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def fair_server(
     tiny_model: str, tmp_path_factory: pytest.TempPathFactory, receiver: OtlpReceiver
-) -> Iterator[RunningServer]:
-    running = start_server(
+) -> AsyncIterator[RunningServer]:
+    """Started and stopped in a thread: the session's loop serves the OTLP receiver meanwhile
+    (a server that stops flushes its spans, and would wait out the export's timeout)."""
+    running = await asyncio.to_thread(
+        start_server,
         tmp_path_factory.mktemp("fair"),
         tiny_model,
         MMGATE_ENGINE__MAX_NUM_SEQS=str(SLOTS),
@@ -65,7 +68,7 @@ def fair_server(
         OTEL_EXPORTER_OTLP_TIMEOUT="120",
     )
     yield running
-    assert running.stop() == 0, running.log()
+    assert await asyncio.to_thread(running.stop) == 0, running.log()
 
 
 @pytest_asyncio.fixture(loop_scope="session")
