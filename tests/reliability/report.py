@@ -244,7 +244,7 @@ def stalls(r: dict[str, Any]) -> str:
         e = s["engine"]
         rows += [
             (
-                "engine core SIGSTOPped with a request running → readiness NOT_SERVING",
+                "engine core SIGSTOPped, a request handed to it → readiness NOT_SERVING",
                 f"{e['not_ready_seconds']} s (stall {e['stall_seconds']} s)",
             ),
             (
