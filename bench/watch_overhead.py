@@ -143,10 +143,10 @@ async def main(rounds: int, events: int, requests: int) -> dict[str, Any]:
                 # ~4 events a request (prompt, image, embedding, and the evictions they cause)
                 per_round = max(requests, events // 3)
                 seed = 20_000
-                for watched in sides(rounds):
+                for with_watcher in sides(rounds):
                     seeds = list(range(seed, seed + per_round))
                     seed += per_round
-                    result = await one_round(server, client, watcher, seeds, watched)
+                    result = await one_round(server, client, watcher, seeds, with_watcher)
                     results.append(result)
                     print(json.dumps(result), flush=True)
         finally:
