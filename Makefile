@@ -139,7 +139,7 @@ REPEATS_ARGS := --model tiny --requests 10 --repeats 0.9 --layouts shared --cont
 else
 CACHE_ARGS :=
 GROWTH_ARGS := --large
-REPEATS_ARGS := --model tiny --requests 200 --runs 3 --pin 0 --contenders mmgate mmgate-auto vllm-base64 vllm-uuid
+REPEATS_ARGS := --model tiny --requests 150 --runs 3 --servers 2 --interleave --block 50 --pin 0 --contenders mmgate mmgate-auto vllm-base64 vllm-uuid
 endif
 TEXT_ARGS := --cache-policy prompt --loops 2 --warmup 8 --rounds 3 --levels 1 4 16
 

@@ -3,7 +3,8 @@
     python -m bench.image_repeats [--model tiny|vitl] [--requests 30] [--repeats 0 0.5 0.9]
                                   [--working-sets 4] [--layouts shared per-request]
                                   [--contenders mmgate vllm-base64 vllm-uuid] [--json F]
-                                  [--runs 3] [--interleave] [--pin CPU]
+                                  [--runs 3] [--servers 2] [--interleave [--block 50]
+                                  [--settle 1.2]] [--pin CPU]
 
 Contenders, one server at a time, each on a fresh engine with the same engine arguments
 (``engine_settings(model)``: float32, the model's context) and the same image limit:
@@ -27,19 +28,22 @@ every contender). Then a burst: 8 requests with the same new image, sent togethe
 a realistic size (1024x768 photo-like, ~100 KB), greedy, 8 new tokens.
 
 ``--runs N`` repeats the whole run N times (fresh servers, the contenders' order turned) and
-prints how far each ratio's runs are from their median; ``--interleave`` starts every
-contender's server at once and sends a case's requests to each in turn, so that a drift of the
-host over minutes hits all sides alike; it needs a CPU for each server's worker (on two vCPUs
-vLLM binds every server's worker to the same CPU, each busy-waits after its steps, and every
-side's requests/s fell 6-fold).
+prints how far each ratio's runs are from their median. ``--servers K`` measures each contender
+on K fresh servers in a run and pools their figures: a server keeps a level of its own for its
+life (the same contender's TTFT p50 differed ~10% between two servers measured side by side), so
+one server a side cannot decide a ratio to +-10%. ``--interleave`` starts every contender's
+server at once and sends a case's requests in blocks (``--block``), each block to every side in
+turn, the order reversed block by block (A B, B A, ...), so that a drift of the host over minutes
+hits all sides alike; before a server is asked after another it waits ``--settle`` seconds,
+since vLLM's CPU worker and engine core busy-wait a second after their last step and, on two
+vCPUs, every server's worker is bound to the same CPU (sent request by request, every side's
+requests/s fell 6-fold).
 
 ``--pin CPU`` (``make bench-image-repeats`` pins CPU 0) leaves vLLM's CPU worker that CPU alone
 and puts everything else (this client, the servers' front ends and engine cores) on the others.
 Unpinned, on two vCPUs, TTFT had two modes ~12 ms apart that came and went in stretches of
-seconds, and a case's p50 landed in either: a ratio moved up to 3.4x between runs. Pinned, three
-whole runs agreed within +-8% of their median (24 ratios) in one invocation and +-14% in another:
-each side's figures still drift between servers minutes apart (docs/benchmarks.md). The absolute
-times are higher (the front ends share one CPU with the client), the same for every side.
+seconds, and a case's p50 landed in either: a ratio moved up to 3.4x between runs. The absolute
+times are higher pinned (the front ends share one CPU with the client), the same for every side.
 Each case's images are made before its clock starts.
 
 Printed per case and contender: TTFT p50/p99, requests/s, bytes sent per request, and what each
@@ -102,6 +106,14 @@ class Figures:
 
     def ms(self, q: float) -> float:
         return percentile(self.ttft, q) * 1000
+
+    def add(self, more: Figures) -> None:
+        """``more`` pooled into these: the same case on another server."""
+        self.ttft += more.ttft
+        self.sent += more.sent
+        self.wall += more.wall
+        self.each += more.each
+        self.counts = {k: self.counts.get(k, 0.0) + v for k, v in more.counts.items()}
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -262,38 +274,77 @@ def subtract(after: dict[str, float], before: dict[str, float]) -> dict[str, flo
     return {k: after[k] - before.get(k, 0.0) for k in after}
 
 
+def schedule(requests: int, sides: int, block: int) -> list[tuple[int, range]]:
+    """(side, requests) in the order sent: the case's requests in blocks of ``block``, each block
+    sent to every side, the sides' order reversed from one block to the next (A B, B A, A B, ...),
+    so that the host's drift over a case weighs on every side alike."""
+    order: list[tuple[int, range]] = []
+    for k, first in enumerate(range(0, requests, block)):
+        span = range(first, min(first + block, requests))
+        turn = list(range(sides)) if k % 2 == 0 else list(range(sides))[::-1]
+        order += [(side, span) for side in turn]
+    return order
+
+
+class Quiet:
+    """A pause before a server is asked after another one was: after each step vLLM's CPU worker
+    and its engine core busy-poll (``sched_yield``) for up to a second for the next
+    (``busy_loop_s = 1`` in vllm/distributed/device_communicators/shm_broadcast.py), and where
+    the servers' workers share a CPU the next server's would run beside that loop."""
+
+    def __init__(self, settle: float) -> None:
+        self.settle = settle
+        self.last: Side | None = None
+
+    async def before(self, side: Side) -> None:
+        if self.last is not None and self.last is not side and self.settle > 0:
+            await asyncio.sleep(self.settle)
+        self.last = side
+
+
 async def run_case(
-    sides: Sequence[Side], case: Case, requests: int, first_seed: int, images: dict[int, bytes]
+    sides: Sequence[Side],
+    case: Case,
+    requests: int,
+    first_seed: int,
+    images: dict[int, bytes],
+    block: int = 40,
+    settle: float = 0.0,
 ) -> dict[str, tuple[Figures, Figures]]:
-    """One case on each of ``sides``: its measured requests interleaved, one side's request after
-    another's (the start turned each time), so that the host's drift hits every side alike;
-    then each side's bursts. A side's req/s: its requests over the time they took."""
+    """One case on each of ``sides``: its measured requests in blocks, each block sent to every
+    side in turn (``schedule``), with ``settle`` seconds of quiet whenever the side changes;
+    then each side's bursts. A side's req/s: its requests over the time they took (the pauses
+    are no side's)."""
 
     def image(seed: int) -> bytes:
         if seed not in images:
             images[seed] = photo(seed, SIZE)
         return images[seed]
 
+    quiet = Quiet(settle)
     working, sequence = plan(case, requests, first_seed)
     for seed in sequence:  # made before the clock starts: a JPEG takes ~10 ms to make here
         image(seed)
     for side in sides:
+        await quiet.before(side)
         for n, seed in enumerate(working):
             await side.ask(image(seed), case.layout, -1 - n)
     before = {side.name: await side.counts() for side in sides}
     figures = {side.name: Figures() for side in sides}
-    for n, seed in enumerate(sequence):
-        turn = n % len(sides)
-        for side in [*sides[turn:], *sides[:turn]]:
+    for index, span in schedule(len(sequence), len(sides), block):
+        side = sides[index]
+        await quiet.before(side)
+        mine = figures[side.name]
+        for n in span:
             started = time.perf_counter()
-            ttft, sent = await side.ask(image(seed), case.layout, n)
-            mine = figures[side.name]
+            ttft, sent = await side.ask(image(sequence[n]), case.layout, n)
             mine.wall += time.perf_counter() - started
             mine.ttft.append(ttft)
             mine.sent.append(sent)
     out = {}
     for side in sides:
         figures[side.name].counts = subtract(await side.counts(), before[side.name])
+        await quiet.before(side)
         out[side.name] = (figures[side.name], await bursts(side, case, first_seed, image))
     return out
 
@@ -390,16 +441,24 @@ async def main(args: argparse.Namespace) -> None:
         runs: list[dict[str, dict[str, Any]]] = []
         images: dict[int, bytes] = {}
         for run in range(args.runs):
-            results: dict[str, dict[str, Any]] = {}
+            pooled: Pooled = {}
+            servers: dict[str, list[dict[str, float]]] = {}
+            for k in range(args.servers):
+                # the contenders in a turned order each time: no side always goes first
+                turn = (run * args.servers + k) % len(args.contenders)
+                order = args.contenders[turn:] + args.contenders[:turn]
+                if args.interleave:
+                    await run_sides(order, model, engine, cases, args, images, pooled, servers)
+                else:
+                    for name in order:
+                        await run_sides([name], model, engine, cases, args, images, pooled, servers)
+            results: dict[str, dict[str, Any]] = {"_servers": servers}
+            for label, sides in pooled.items():
+                results[label] = {
+                    name: {"run": figures.summary(), "burst": burst.summary()}
+                    for name, (figures, burst) in sides.items()
+                }
             runs.append(results)
-            # the contenders in a turned order each run: no side always goes first
-            turn = run % len(args.contenders)
-            order = args.contenders[turn:] + args.contenders[:turn]
-            if args.interleave:
-                await run_sides(order, model, engine, cases, args, images, results)
-            else:
-                for name in order:
-                    await run_sides([name], model, engine, cases, args, images, results)
             report(results, f"run {run + 1} of {args.runs}")
         if len(runs) > 1:
             agreement(runs)
@@ -411,11 +470,16 @@ async def main(args: argparse.Namespace) -> None:
             "requests": args.requests,
             "encoder_cache_tokens": cache,
             "runs": args.runs,
+            "servers_per_run": args.servers,
+            "interleaved": args.interleave,
         }
         # "results": the first run (what bench/plots.py tables), "runs": every one
         document = {"about": about, "results": runs[0], "runs": runs}
         args.json.write_text(json.dumps(document, indent=1))
         print(f"figures written to {args.json}")
+
+
+Pooled = dict[str, dict[str, tuple[Figures, Figures]]]  # case -> side -> (requests, bursts)
 
 
 async def run_sides(
@@ -425,25 +489,24 @@ async def run_sides(
     cases: list[Case],
     args: argparse.Namespace,
     images: dict[int, bytes],
-    results: dict[str, dict[str, Any]],
+    pooled: Pooled,
+    servers: dict[str, list[dict[str, float]]],
 ) -> None:
     """Contenders on fresh servers, started together and measured case by case (interleaved
-    when there are several)."""
+    when there are several); each side's figures pooled with its earlier servers' in the run."""
     sides = [make_side(name, model, engine) for name in names]
     try:
         for side in sides:
             start_s = await side.start()
             print(f"{side.name}: serving in {start_s:.1f} s", flush=True)
-            results.setdefault("_servers", {})[side.name] = {"start_s": start_s}
+            servers.setdefault(side.name, []).append({"start_s": start_s})
             for warm in range(3):  # the engine's and the client's first requests
                 await side.ask(photo(900_000 + warm, SIZE), "shared", -100 - warm)
         for k, case in enumerate(cases):
-            measured = await run_case(sides, case, args.requests, 1_000 + 100_000 * k, images)
+            measured = await run_case(
+                sides, case, args.requests, 1_000 + 100_000 * k, images, args.block, args.settle
+            )
             for name, (figures, burst) in measured.items():
-                results.setdefault(case.label, {})[name] = {
-                    "run": figures.summary(),
-                    "burst": burst.summary(),
-                }
                 print(
                     f"  {name:<13} {case.label:<34} TTFT p50 {figures.ms(0.5):8.1f} ms "
                     f"p99 {figures.ms(0.99):8.1f} ms  "
@@ -453,9 +516,14 @@ async def run_sides(
                     f"{' '.join(f'{ms:.0f}' for ms in burst.each)} ms {burst.counts}",
                     flush=True,
                 )
+                if name in pooled.setdefault(case.label, {}):
+                    pooled[case.label][name][0].add(figures)
+                    pooled[case.label][name][1].add(burst)
+                else:
+                    pooled[case.label][name] = (figures, burst)
         for side in sides:
             rss = tree_rss_bytes(side.server.pid)  # type: ignore[attr-defined]
-            results["_servers"][side.name]["rss_bytes"] = rss
+            servers[side.name][-1]["rss_bytes"] = rss
     finally:
         for side in sides:
             await side.close()
@@ -527,6 +595,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--interleave",
         action="store_true",
         help="every contender's server up at once, their requests interleaved case by case",
+    )
+    parser.add_argument(
+        "--servers",
+        type=int,
+        default=1,
+        help="fresh servers a contender is measured on in each run, its figures pooled",
+    )
+    parser.add_argument(
+        "--block", type=int, default=40, help="with --interleave: requests a side is sent in a row"
+    )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=1.2,
+        help="with --interleave: seconds of quiet before a server is asked after another one",
     )
     parser.add_argument(
         "--pin",

@@ -4,6 +4,7 @@ until(predicate)          yield to the loop until a condition holds (progress, n
 Gate, Stuck               computations held until released / never finishing by themselves
 Clock                     a clock a test moves by hand
 assert_no_leaked_tasks()  nothing left running on the loop but the caller
+hand_to_stopped_core()    a request in flight in an engine core that cannot step
 free_port()               a loopback port nobody listens on
 wait_serving(target)      block until a server's health says SERVING (Watch: no polling)
 start_server(dir, model)  `mmgate serve` in a child process on free ports, until SERVING
@@ -68,6 +69,19 @@ def engine_in_flight(client: MmgateClient, count: int) -> Callable[[], Awaitable
         return (await client.stats()).engine_health.in_flight == count
 
     return check
+
+
+async def hand_to_stopped_core(
+    core: psutil.Process, client: MmgateClient, request: Any, timeout: float | None = None
+) -> Any:
+    """The engine core stopped (SIGSTOP), then ``request`` sent: its Generate call, once the server
+    has it in flight. The engine owes a step from then on, however fast the core would have run
+    it; on a loaded 2-core host the tiny model's core can finish 900 tokens before the server
+    relays the first. The caller resumes the core (``core.resume()``), in a ``finally``."""
+    core.suspend()
+    call = client.inference.Generate(request, timeout=timeout)
+    await eventually(engine_in_flight(client, 1), timeout=30)
+    return call
 
 
 def assert_no_leaked_tasks() -> None:

@@ -3,24 +3,29 @@ agree, and where it pins the engine."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
 from bench import image_repeats
-from bench.image_repeats import Case, from_median, run_case
+from bench.image_repeats import Case, from_median, run_case, schedule
 
 
 class CountingSide:
     """A side that answers at once and notes how many images existed when it was asked."""
 
-    name = "counting"
-
-    def __init__(self, images: dict[int, bytes]) -> None:
+    def __init__(
+        self, images: dict[int, bytes], name: str = "counting", log: list[Any] | None = None
+    ) -> None:
+        self.name = name
         self.images = images
         self.made_when_asked: list[int] = []
+        self.log: list[tuple[str, int, float]] = [] if log is None else log
 
     async def start(self) -> float:
         return 0.0
@@ -28,6 +33,7 @@ class CountingSide:
     async def ask(self, image: bytes, layout: str, n: int) -> tuple[float, int]:
         if n >= 0 and n < 1000:  # a measured request (not the working set, not a burst)
             self.made_when_asked.append(len(self.images))
+        self.log.append((self.name, n, asyncio.get_running_loop().time()))
         return 0.001, len(image)
 
     async def counts(self) -> dict[str, float]:
@@ -50,6 +56,43 @@ async def test_every_image_of_a_case_is_made_before_its_clock_starts(
     measured_images = 4 + 10  # the working set, then one new image a request not repeated
     assert side.made_when_asked
     assert min(side.made_when_asked) >= measured_images
+
+
+def test_blocks_go_to_every_side_in_abba_order() -> None:
+    assert schedule(5, 2, 2) == [
+        (0, range(0, 2)),
+        (1, range(0, 2)),
+        (1, range(2, 4)),
+        (0, range(2, 4)),
+        (0, range(4, 5)),
+        (1, range(4, 5)),
+    ]
+    # three sides: each block's order reversed, so each side's mean place is the middle
+    places = [side for side, _ in schedule(40, 3, 10)]
+    assert places == [0, 1, 2, 2, 1, 0] * 2
+    assert [side for side, _ in schedule(3, 1, 40)] == [0]
+
+
+async def test_interleaved_sides_get_the_same_requests_in_blocks_with_quiet_between_servers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(image_repeats, "photo", lambda seed, size: b"jpeg %d" % seed)
+    images: dict[int, bytes] = {}
+    log: list[tuple[str, int, float]] = []
+    a, b = CountingSide(images, "a", log), CountingSide(images, "b", log)
+    settle = 0.05
+    out = await run_case([a, b], Case("shared", 2, 0.5), 6, 1_000, images, block=3, settle=settle)
+    measured = [(name, n) for name, n, _ in log if 0 <= n < 1000]
+    assert measured == [("a", n) for n in (0, 1, 2)] + [("b", n) for n in (0, 1, 2, 3, 4, 5)] + [
+        ("a", n) for n in (3, 4, 5)
+    ]
+    assert len(out["a"][0].ttft) == len(out["b"][0].ttft) == 6
+    # every change of server, and only a change, comes after the quiet
+    for (was, _, then), (now, _, at) in itertools.pairwise(log):
+        if now != was:
+            assert at - then >= settle - 0.001  # the loop's clock resolution
+    changes = sum(now != was for (was, _, _), (now, _, _) in itertools.pairwise(log))
+    assert changes == 1 + 3 + 1  # the working sets, the measured blocks, the bursts
 
 
 def test_runs_agree_by_their_distance_from_the_median() -> None:

@@ -14,8 +14,6 @@ and each recovers; the detection times go to docs/reliability.md.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import threading
 import time
 import urllib.request
@@ -29,7 +27,7 @@ from services.cli.bench.workload import Mix, Workload
 from services.client import MmgateClient, build_request, digest_of
 from services.proto.mmgate.v1 import cache_pb2, inference_pb2
 from tests.services.prom import scrape
-from tests.support import RunningServer, engine_core, engine_in_flight, eventually
+from tests.support import RunningServer, engine_core, eventually, hand_to_stopped_core
 
 from .conftest import (
     BLOCK_SECONDS,
@@ -195,11 +193,9 @@ async def test_a_stopped_engine_turns_health_not_serving_and_back(
     core = engine_core(chaos_server)
     assert core is not None, chaos_server.log()
     stalls_before = (await client.stats()).engine_health.stalls
-    os.kill(core.pid, signal.SIGSTOP)
     try:
         sent = time.monotonic()  # the engine owes a step from about now
-        call = client.inference.Generate(long_request(), timeout=120)
-        await eventually(engine_in_flight(client, 1), timeout=30)
+        call = await hand_to_stopped_core(core, client, long_request(), timeout=120)
         await eventually(status_is(client, "readiness", NOT_SERVING), timeout=30)
         to_not_ready = time.monotonic() - sent
         # stalled, not yet hung: the process is still worth keeping
@@ -214,7 +210,7 @@ async def test_a_stopped_engine_turns_health_not_serving_and_back(
         assert (await client.stats()).engine_health.state == "hung"
     finally:
         resumed = time.monotonic()
-        os.kill(core.pid, signal.SIGCONT)
+        core.resume()
     await eventually(status_is(client, "readiness", SERVING), timeout=30)
     to_ready = time.monotonic() - resumed
     assert await client.health("liveness") == SERVING
@@ -252,11 +248,9 @@ async def test_a_killed_engine_fails_liveness(
     assert core is not None
     # stopped, then handed a request: it is in flight when the core dies (the tiny model could
     # otherwise have finished it before the kill, whatever the caller had seen of it)
-    os.kill(core.pid, signal.SIGSTOP)
-    call = client.inference.Generate(long_request(), timeout=120)
-    await eventually(engine_in_flight(client, 1), timeout=30)
+    call = await hand_to_stopped_core(core, client, long_request(), timeout=120)
     killed = time.monotonic()
-    os.kill(core.pid, signal.SIGKILL)
+    core.kill()
     await eventually(status_is(client, "liveness", NOT_SERVING), timeout=30)
     to_not_alive = time.monotonic() - killed
     assert await client.health("readiness") == NOT_SERVING

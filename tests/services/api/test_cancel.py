@@ -6,7 +6,13 @@ import pytest
 from services.client import MmgateClient, build_request
 from services.proto.mmgate.v1 import cache_pb2
 from tests.services.prom import scrape
-from tests.support import RunningServer, engine_core, engine_in_flight, eventually
+from tests.support import (
+    RunningServer,
+    engine_core,
+    engine_in_flight,
+    eventually,
+    hand_to_stopped_core,
+)
 
 
 async def settled_engine(client: MmgateClient, ticks: int = 5) -> cache_pb2.EngineCacheStats:
@@ -40,10 +46,8 @@ async def test_cancelled_stream_aborts_the_engine_request(
     generated = (await scrape(server.metrics_url)).value("mmgate_engine_generation_tokens_total")
     core = engine_core(server)
     assert core is not None, server.log()
-    core.suspend()
     try:
-        call = client.inference.Generate(request)
-        await eventually(engine_in_flight(client, 1), timeout=30)
+        call = await hand_to_stopped_core(core, client, request)
         call.cancel()
         await eventually(engine_in_flight(client, 0), timeout=30)  # mmgate has let go of it
     finally:
