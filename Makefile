@@ -135,11 +135,11 @@ FIGURES := build/bench
 ifeq ($(QUICK),1)
 CACHE_ARGS := --lookups 2000 --repeats 1
 GROWTH_ARGS := --sizes 1000 10000 --lookups 2000 --outputs 100
-REPEATS_ARGS := --model tiny --requests 10 --repeats 0.9 --layouts shared --contenders mmgate vllm-base64 --pin 0
+REPEATS_ARGS := --model tiny --requests 10 --repeats 0.9 --layouts shared --contenders mmgate vllm-base64 --interleave --pin 0
 else
 CACHE_ARGS :=
 GROWTH_ARGS := --large
-REPEATS_ARGS := --model tiny --requests 150 --runs 3 --servers 2 --interleave --block 50 --pin 0 --contenders mmgate mmgate-auto vllm-base64 vllm-uuid
+REPEATS_ARGS := --model tiny --requests 150 --runs 3 --servers 2 --interleave --pin 0 --contenders mmgate mmgate-auto vllm-base64 vllm-uuid
 endif
 TEXT_ARGS := --cache-policy prompt --loops 2 --warmup 8 --rounds 3 --levels 1 4 16
 

@@ -3,8 +3,8 @@
     python -m bench.image_repeats [--model tiny|vitl] [--requests 30] [--repeats 0 0.5 0.9]
                                   [--working-sets 4] [--layouts shared per-request]
                                   [--contenders mmgate vllm-base64 vllm-uuid] [--json F]
-                                  [--runs 3] [--servers 2] [--interleave [--block 50]
-                                  [--settle 1.2]] [--pin CPU]
+                                  [--runs 3] [--servers 2] [--interleave [--block 1]]
+                                  [--pin CPU]
 
 Contenders, one server at a time, each on a fresh engine with the same engine arguments
 (``engine_settings(model)``: float32, the model's context) and the same image limit:
@@ -29,15 +29,16 @@ a realistic size (1024x768 photo-like, ~100 KB), greedy, 8 new tokens.
 
 ``--runs N`` repeats the whole run N times (fresh servers, the contenders' order turned) and
 prints how far each ratio's runs are from their median. ``--servers K`` measures each contender
-on K fresh servers in a run and pools their figures: a server keeps a level of its own for its
-life (the same contender's TTFT p50 differed ~10% between two servers measured side by side), so
-one server a side cannot decide a ratio to +-10%. ``--interleave`` starts every contender's
-server at once and sends a case's requests in blocks (``--block``), each block to every side in
-turn, the order reversed block by block (A B, B A, ...), so that a drift of the host over minutes
-hits all sides alike; before a server is asked after another it waits ``--settle`` seconds,
-since vLLM's CPU worker and engine core busy-wait a second after their last step and, on two
-vCPUs, every server's worker is bound to the same CPU (sent request by request, every side's
-requests/s fell 6-fold).
+on K fresh servers in a run and pools their figures: a server can keep a level of its own for
+its life (one vLLM server was ~10% slower than the other sides in every stretch of a case), and
+one server a side then moves a ratio by that much. ``--interleave`` starts every contender's
+server at once and sends a case's requests to each side in turn (in blocks of ``--block``, the
+order reversed block by block: A B, B A, ...), so that the host's drift, which on a 2-vCPU VM
+moves TTFT by 10-30% within seconds, hits all sides alike. Only the side asked has its engine
+running: the others' engine processes are stopped (SIGSTOP) until their turn, since vLLM's CPU
+worker and engine core busy-wait a second after each step and, on two vCPUs, every server's
+worker is bound to the same CPU (sent side after side without that, every side's requests/s
+fell 6-fold).
 
 ``--pin CPU`` (``make bench-image-repeats`` pins CPU 0) leaves vLLM's CPU worker that CPU alone
 and puts everything else (this client, the servers' front ends and engine cores) on the others.
@@ -63,6 +64,7 @@ import hashlib
 import json
 import os
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -71,6 +73,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+import psutil
 
 from services.client import build_request
 from services.config import EngineSettings, default_model_cache
@@ -286,20 +290,64 @@ def schedule(requests: int, sides: int, block: int) -> list[tuple[int, range]]:
     return order
 
 
-class Quiet:
-    """A pause before a server is asked after another one was: after each step vLLM's CPU worker
-    and its engine core busy-poll (``sched_yield``) for up to a second for the next
-    (``busy_loop_s = 1`` in vllm/distributed/device_communicators/shm_broadcast.py), and where
-    the servers' workers share a CPU the next server's would run beside that loop."""
+class Freezer:
+    """Only the side being asked has its engine running: the other servers' engine processes
+    (engine core and CPU worker: the server's descendants) are stopped (SIGSTOP) until their turn.
 
-    def __init__(self, settle: float) -> None:
-        self.settle = settle
-        self.last: Side | None = None
+    After each step vLLM's CPU worker and its engine core busy-poll (``sched_yield``) for up to a
+    second for the next (``busy_loop_s = 1`` in vllm/distributed/device_communicators/
+    shm_broadcast.py), and where the servers' workers share a CPU (two vCPUs: all of them) the
+    next server's would run beside that loop: sent side after side without this, every side's
+    requests/s fell 6-fold. Stopped, an idle engine costs nothing; resumed, it goes on where it
+    was. The front ends keep running (idle), so each server answers as it would alone."""
 
-    async def before(self, side: Side) -> None:
-        if self.last is not None and self.last is not side and self.settle > 0:
-            await asyncio.sleep(self.settle)
-        self.last = side
+    def __init__(self) -> None:
+        self.engines: dict[str, list[int]] = {}
+        self.running: str | None = None
+
+    def add(self, side: Side) -> None:
+        """A server just started: it runs, the one that ran before stops."""
+        self.engines[side.name] = engine_pids(side)
+        self.turn_to(side)
+
+    def turn_to(self, side: Side) -> None:
+        if self.running == side.name:
+            return
+        if self.running is not None:
+            signal_all(self.engines[self.running], signal.SIGSTOP)
+        signal_all(self.engines.get(side.name, []), signal.SIGCONT)
+        self.running = side.name
+
+    def thaw(self) -> None:
+        for pids in self.engines.values():
+            signal_all(pids, signal.SIGCONT)
+        self.running = None
+
+
+def engine_pids(side: Side) -> list[int]:
+    pid = getattr(getattr(side, "server", None), "pid", None)
+    if pid is None:
+        return []
+    return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+
+
+def signal_all(pids: Sequence[int], sig: signal.Signals) -> None:
+    """``sig`` to each of ``pids`` still there; for SIGSTOP, back once each is stopped."""
+    alive = []
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+            alive.append(pid)
+        except ProcessLookupError:
+            continue  # gone with its server: nothing to stop or resume
+    if sig != signal.SIGSTOP:
+        return
+    deadline = time.monotonic() + 1.0
+    for pid in alive:
+        while psutil.Process(pid).status() != psutil.STATUS_STOPPED:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"engine process {pid} did not stop")
+            time.sleep(0.0001)
 
 
 async def run_case(
@@ -308,32 +356,34 @@ async def run_case(
     requests: int,
     first_seed: int,
     images: dict[int, bytes],
-    block: int = 40,
-    settle: float = 0.0,
+    block: int = 1,
+    freezer: Freezer | None = None,
 ) -> dict[str, tuple[Figures, Figures]]:
     """One case on each of ``sides``: its measured requests in blocks, each block sent to every
-    side in turn (``schedule``), with ``settle`` seconds of quiet whenever the side changes;
-    then each side's bursts. A side's req/s: its requests over the time they took (the pauses
-    are no side's)."""
+    side in turn (``schedule``), only the side asked running its engine (``freezer``); then each
+    side's bursts. A side's req/s: its requests over the time they took."""
 
     def image(seed: int) -> bytes:
         if seed not in images:
             images[seed] = photo(seed, SIZE)
         return images[seed]
 
-    quiet = Quiet(settle)
+    freezer = freezer or Freezer()
     working, sequence = plan(case, requests, first_seed)
     for seed in sequence:  # made before the clock starts: a JPEG takes ~10 ms to make here
         image(seed)
     for side in sides:
-        await quiet.before(side)
+        freezer.turn_to(side)
         for n, seed in enumerate(working):
             await side.ask(image(seed), case.layout, -1 - n)
-    before = {side.name: await side.counts() for side in sides}
+    before = {}
+    for side in sides:
+        freezer.turn_to(side)
+        before[side.name] = await side.counts()
     figures = {side.name: Figures() for side in sides}
     for index, span in schedule(len(sequence), len(sides), block):
         side = sides[index]
-        await quiet.before(side)
+        freezer.turn_to(side)
         mine = figures[side.name]
         for n in span:
             started = time.perf_counter()
@@ -343,8 +393,8 @@ async def run_case(
             mine.sent.append(sent)
     out = {}
     for side in sides:
+        freezer.turn_to(side)
         figures[side.name].counts = subtract(await side.counts(), before[side.name])
-        await quiet.before(side)
         out[side.name] = (figures[side.name], await bursts(side, case, first_seed, image))
     return out
 
@@ -495,16 +545,18 @@ async def run_sides(
     """Contenders on fresh servers, started together and measured case by case (interleaved
     when there are several); each side's figures pooled with its earlier servers' in the run."""
     sides = [make_side(name, model, engine) for name in names]
+    freezer = Freezer()
     try:
         for side in sides:
             start_s = await side.start()
             print(f"{side.name}: serving in {start_s:.1f} s", flush=True)
             servers.setdefault(side.name, []).append({"start_s": start_s})
+            freezer.add(side)
             for warm in range(3):  # the engine's and the client's first requests
                 await side.ask(photo(900_000 + warm, SIZE), "shared", -100 - warm)
         for k, case in enumerate(cases):
             measured = await run_case(
-                sides, case, args.requests, 1_000 + 100_000 * k, images, args.block, args.settle
+                sides, case, args.requests, 1_000 + 100_000 * k, images, args.block, freezer
             )
             for name, (figures, burst) in measured.items():
                 print(
@@ -525,6 +577,7 @@ async def run_sides(
             rss = tree_rss_bytes(side.server.pid)  # type: ignore[attr-defined]
             servers[side.name][-1]["rss_bytes"] = rss
     finally:
+        freezer.thaw()
         for side in sides:
             await side.close()
 
@@ -603,13 +656,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="fresh servers a contender is measured on in each run, its figures pooled",
     )
     parser.add_argument(
-        "--block", type=int, default=40, help="with --interleave: requests a side is sent in a row"
-    )
-    parser.add_argument(
-        "--settle",
-        type=float,
-        default=1.2,
-        help="with --interleave: seconds of quiet before a server is asked after another one",
+        "--block", type=int, default=1, help="with --interleave: requests a side is sent in a row"
     )
     parser.add_argument(
         "--pin",

@@ -3,17 +3,17 @@ agree, and where it pins the engine."""
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
+import psutil
 import pytest
 
 from bench import image_repeats
-from bench.image_repeats import Case, from_median, run_case, schedule
+from bench.image_repeats import Case, Freezer, from_median, run_case, schedule
 
 
 class CountingSide:
@@ -25,7 +25,8 @@ class CountingSide:
         self.name = name
         self.images = images
         self.made_when_asked: list[int] = []
-        self.log: list[tuple[str, int, float]] = [] if log is None else log
+        self.log: list[tuple[str, int, Any]] = [] if log is None else log
+        self.states: Callable[[], Any] = lambda: None
 
     async def start(self) -> float:
         return 0.0
@@ -33,7 +34,7 @@ class CountingSide:
     async def ask(self, image: bytes, layout: str, n: int) -> tuple[float, int]:
         if n >= 0 and n < 1000:  # a measured request (not the working set, not a burst)
             self.made_when_asked.append(len(self.images))
-        self.log.append((self.name, n, asyncio.get_running_loop().time()))
+        self.log.append((self.name, n, self.states()))
         return 0.001, len(image)
 
     async def counts(self) -> dict[str, float]:
@@ -73,26 +74,55 @@ def test_blocks_go_to_every_side_in_abba_order() -> None:
     assert [side for side, _ in schedule(3, 1, 40)] == [0]
 
 
-async def test_interleaved_sides_get_the_same_requests_in_blocks_with_quiet_between_servers(
+class Server:
+    """A stand-in for a server process with one child, its "engine"."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(["sh", "-c", "sleep 60 & wait"])
+        self.pid = self.process.pid
+
+    def engine(self) -> psutil.Process:
+        for _ in range(1000):  # the shell forks its child at once
+            children = psutil.Process(self.pid).children()
+            if children:
+                return children[0]
+        raise AssertionError("no child")
+
+    def close(self) -> None:
+        for process in [*psutil.Process(self.pid).children(), psutil.Process(self.pid)]:
+            process.kill()
+        self.process.wait()
+
+
+async def test_interleaved_sides_get_the_same_requests_and_only_the_one_asked_runs_its_engine(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(image_repeats, "photo", lambda seed, size: b"jpeg %d" % seed)
     images: dict[int, bytes] = {}
-    log: list[tuple[str, int, float]] = []
+    log: list[tuple[str, int, Any]] = []
     a, b = CountingSide(images, "a", log), CountingSide(images, "b", log)
-    settle = 0.05
-    out = await run_case([a, b], Case("shared", 2, 0.5), 6, 1_000, images, block=3, settle=settle)
+    servers = [Server(), Server()]
+    try:
+        engines = [server.engine() for server in servers]
+        a.server, b.server = servers  # type: ignore[attr-defined]
+        # each side notes, when asked, whether its engine and the other's are stopped
+        a.states = b.states = lambda: tuple(e.status() == psutil.STATUS_STOPPED for e in engines)
+        freezer = Freezer()
+        freezer.add(a)
+        freezer.add(b)
+        out = await run_case([a, b], Case("shared", 2, 0.5), 6, 1_000, images, 3, freezer)
+        freezer.thaw()
+        assert psutil.STATUS_STOPPED not in [e.status() for e in engines]
+    finally:
+        for server in servers:
+            server.close()
     measured = [(name, n) for name, n, _ in log if 0 <= n < 1000]
     assert measured == [("a", n) for n in (0, 1, 2)] + [("b", n) for n in (0, 1, 2, 3, 4, 5)] + [
         ("a", n) for n in (3, 4, 5)
     ]
     assert len(out["a"][0].ttft) == len(out["b"][0].ttft) == 6
-    # every change of server, and only a change, comes after the quiet
-    for (was, _, then), (now, _, at) in itertools.pairwise(log):
-        if now != was:
-            assert at - then >= settle - 0.001  # the loop's clock resolution
-    changes = sum(now != was for (was, _, _), (now, _, _) in itertools.pairwise(log))
-    assert changes == 1 + 3 + 1  # the working sets, the measured blocks, the bursts
+    for name, _, stopped in log:  # every request: working sets, measured, bursts
+        assert stopped == ((False, True) if name == "a" else (True, False))
 
 
 def test_runs_agree_by_their_distance_from_the_median() -> None:
