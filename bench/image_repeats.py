@@ -6,8 +6,9 @@
                                   [--runs 3] [--servers 2] [--interleave [--block 1]]
                                   [--pin CPU]
 
-Contenders, one server at a time, each on a fresh engine with the same engine arguments
-(``engine_settings(model)``: float32, the model's context) and the same image limit:
+Contenders, one server at a time (side by side with ``--interleave``), each on a fresh engine
+with the same engine arguments (``engine_settings(model)``: float32, the model's context) and the
+same image limit:
   mmgate        ``mmgate serve`` (embeddings mode: mmgate decodes, runs the encoder and caches
                 the output; the caches on), called by ``MmgateClient``, which sends an image's
                 bytes the first time and its digest afterwards
@@ -343,10 +344,10 @@ def signal_all(pids: Sequence[int], sig: signal.Signals) -> None:
     if sig != signal.SIGSTOP:
         return
     deadline = time.monotonic() + 1.0
-    for pid in alive:
-        while psutil.Process(pid).status() != psutil.STATUS_STOPPED:
+    for process in map(psutil.Process, alive):
+        while process.status() != psutil.STATUS_STOPPED:  # delivered within microseconds
             if time.monotonic() > deadline:
-                raise RuntimeError(f"engine process {pid} did not stop")
+                raise RuntimeError(f"engine process {process.pid} did not stop")
             time.sleep(0.0001)
 
 
