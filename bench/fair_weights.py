@@ -81,6 +81,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         root,
         str(build_tiny_model(root / "tiny")),
         MMGATE_ENGINE__MAX_NUM_SEQS="4",
+        MMGATE_TENANTS__NEWCOMER_SLOTS="0",  # the fair order alone: every slot to whoever waits
         MMGATE_MAX_CONCURRENT_REQUESTS=str(4 * args.callers),
         # exactly the callers: one waiting for its answer is never refused for it
         MMGATE_TENANTS__MAX_CONCURRENT_REQUESTS=str(args.callers),

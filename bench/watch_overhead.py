@@ -125,7 +125,8 @@ async def main(rounds: int, events: int, requests: int) -> dict[str, Any]:
             media={"mode": "embeddings"},
             metrics={"port": 0},
             # ~60 images: every new one evicts an older one
-            cache={"max_bytes": 2**20, "watch_buffer": BUFFER},
+            # the unread watcher is the point: it outlives every round, never ended as idle
+            cache={"max_bytes": 2**20, "watch_buffer": BUFFER, "watch_idle_seconds": 86_400.0},
             max_concurrent_requests=CONCURRENCY * 2,
         )
         server = MmgateServer(settings, model=str(model))

@@ -253,6 +253,7 @@ class ActorLoop:
             leader_token=request.token,
             stage=request.tier_use.stage,
             label=request.label,
+            cancel_when_orphaned=request.cancel_when_orphaned,
         )
         flight.add_waiter(request.future, self._park(request, source))
         self.flights[request.full_key] = flight
@@ -330,8 +331,11 @@ class ActorLoop:
         if flight is None or not flight.remove_waiter(left.future):
             return
         # an orphan keeps running by default (its key is likely asked for again), unless it is
-        # still queued for capacity: then nothing has been spent on it yet
-        if not flight.waiters and (flight.queued or not self.config.finish_orphaned_flights):
+        # still queued for capacity (nothing has been spent on it yet) or its lookup asked for it
+        # to stop (it holds something, a connection, that nobody should hold for nobody)
+        if not flight.waiters and (
+            flight.queued or flight.cancel_when_orphaned or not self.config.finish_orphaned_flights
+        ):
             self._end_flight(flight)
 
     def _on_deadline_passed(self, passed: DeadlinePassed) -> None:

@@ -32,6 +32,8 @@ class Get:
     wait: float
     tier_use: TierUse
     label: str = ""  # what the value is about, for watchers (an image's digest)
+    # the flight this request starts is cancelled when its last waiter leaves
+    cancel_when_orphaned: bool = False
 
 
 @final

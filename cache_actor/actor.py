@@ -135,6 +135,7 @@ class CacheActor:
         timeout: float | None = None,
         tier: TierUse = ANY_STAGE,
         label: str = "",
+        cancel_when_orphaned: bool = False,
     ) -> Lookup[V]:
         """The value for ``key``, computing it with ``compute`` at most once at a time.
 
@@ -143,6 +144,10 @@ class CacheActor:
         exception is raised here with its own type, and nothing is stored. ``tier`` says how a
         miss uses the second tier (the first lookup of a flight decides); its stage and
         ``label`` (what the value is about) are what watchers are told of the entry.
+        ``cancel_when_orphaned``: the flight this lookup starts is cancelled, and stores nothing,
+        once its last waiter has left (cancelled or timed out), whatever
+        ``finish_orphaned_flights`` says; so it runs exactly as long as somebody waits for it,
+        to the latest of their deadlines (the first lookup of a flight decides).
         """
         dead = self._core.dead
         if dead is not None or self._loop is None:
@@ -168,6 +173,7 @@ class CacheActor:
             wait,
             tier,
             label,
+            cancel_when_orphaned,
         )
         if not self._mailbox.offer(request):
             error: BaseException = CacheOverloaded(

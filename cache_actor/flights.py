@@ -77,6 +77,9 @@ class Flight:
     # one field a computation writes; it runs on the actor's event loop, so the actor reads it
     # between two of its own handlers.
     queued: bool = False
+    # set by the lookup that started it: cancelled when its last waiter leaves, whatever
+    # finish_orphaned_flights says (a computation worth nothing to a caller who comes later)
+    cancel_when_orphaned: bool = False
 
     def add_waiter(self, future: asyncio.Future[object], waiter: Waiter) -> None:
         self.waiters[future] = waiter

@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -323,3 +324,15 @@ def wait_until_serving(server: RunningServer) -> None:
             f"server did not become ready ({error!r}); exit code {server.process.poll()}:\n"
             f"{server.log()}"
         ) from None
+
+
+def slow_schema(properties: int) -> dict[str, Any]:
+    """A JSON schema the engine takes seconds to compile: ``properties`` strings of distinct
+    length bounds (xgrammar here: 60 take seconds, 400 over a minute). Names of its own each
+    time, as the engine keeps the grammars it compiled."""
+    names = [f"{uuid.uuid4().hex[:6]}{i}" for i in range(properties)]
+    fields = {
+        name: {"type": "string", "minLength": i % 7, "maxLength": 900 + i}
+        for i, name in enumerate(names)
+    }
+    return {"type": "object", "properties": fields, "required": names}

@@ -1,7 +1,8 @@
 """Admission: whether a call may start work now, and what is in progress.
 
     admission.enter(tenant) ─▶ draining? ─▶ UNAVAILABLE (DRAINING)
-                            ─▶ the server's limit reached? ─▶ RESOURCE_EXHAUSTED (OVERLOADED)
+                            ─▶ the server's limit reached (for a tenant: its limit less the
+                               admins' reserve)? ─▶ RESOURCE_EXHAUSTED (OVERLOADED)
                             ─▶ the tenant's share reached? ─▶ RESOURCE_EXHAUSTED (TENANT_OVERLOADED)
                             ─▶ counted until the block ends, however it ends
 
@@ -25,8 +26,11 @@ from .status import draining, overloaded
 class Admission:
     """The drain flag, the server's limit and each tenant's share, and the calls in progress."""
 
-    def __init__(self, limit: int, quotas: TenantQuotas) -> None:
+    def __init__(self, limit: int, quotas: TenantQuotas, admin_reserve: int = 0) -> None:
         self.limit = limit
+        # calls only an admin may start: tenants at their full shares never lock the operator
+        # out (at least one call is always left to tenants)
+        self.admin_reserve = min(admin_reserve, limit - 1)
         self.quotas = quotas
         self.active = 0
         # calls in progress by tenant; a tenant leaves the map when its last one ends
@@ -35,11 +39,11 @@ class Admission:
         self._idle = asyncio.Event()
 
     @contextlib.contextmanager
-    def enter(self, tenant: str) -> Iterator[None]:
+    def enter(self, tenant: str, *, admin: bool = False) -> Iterator[None]:
         """Count the block as one call of ``tenant``'s, or raise why it may not start now."""
         if self.draining:
             raise draining()
-        if self.active >= self.limit:
+        if self.active >= self.limit - (0 if admin else self.admin_reserve):
             raise overloaded(self.active)
         held = self.by_tenant.get(tenant, 0)
         if held >= self.quotas.concurrent_requests():

@@ -10,13 +10,14 @@ Prefetch does a request's work, so it passes admission as a Generate call does.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any, Final, final
 
 import grpc
 
-from cache_actor import CacheEvent, EntryInfo, TenantStats
+from cache_actor import CacheEvent, EntryInfo, TenantStats, Watcher
 
 from ..config import Settings
 from ..engine.worker import EngineWorker
@@ -29,11 +30,11 @@ from ..proto.mmgate.v1 import cache_pb2 as pb
 from ..proto.mmgate.v1 import cache_pb2_grpc
 from ..proto.mmgate.v1 import inference_pb2 as inference_pb
 from ..types import EngineHealth
-from ..wire import ADMIN_ONLY, is_digest
+from ..wire import ADMIN_ONLY, TENANT_OVERLOADED, is_digest
 from .admission import Admission
 from .auth import Caller, checked_label, current_caller
 from .metadata import call_deadline
-from .status import abort, from_exception
+from .status import ServiceError, abort, from_exception
 from .validation import image_input, image_violations
 
 _ACTOR_FIELDS = frozenset(pb.ActorStats.DESCRIPTOR.fields_by_name) - {"hit_ratio"}
@@ -112,6 +113,8 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         self.admission = admission
         self.engine = engine
         self.engine_health = engine_health
+        # Cache.Watch streams open, by the caller's tenant; a tenant leaves when its last ends
+        self._watching: dict[str, int] = {}
 
     async def GetStats(
         self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext
@@ -127,10 +130,7 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
             media_mode=self.pipeline.media_mode,
             engine_health=pb.EngineHealth(**dataclasses.asdict(self.engine_health())),
             tenant=caller.tenant,
-            tenants=[
-                self._tenant_stats(t)
-                for t in self.cache.tenant_stats(None if request.all_tenants else caller.tenant)
-            ],
+            tenants=[self._tenant_stats(t) for t in self._tenants(request, caller.tenant)],
         )
         if caller.admin:
             stats = self.cache.stats()
@@ -149,6 +149,17 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
             response.media.CopyFrom(pb.MediaStats(**dataclasses.asdict(media)))
         return response
 
+    def _tenants(self, request: pb.GetStatsRequest, tenant: str) -> list[TenantStats]:
+        """The caller's tenant, or (all_tenants) every tenant the cache knows and every tenant
+        with a request in progress: one that never touched a cache is still there."""
+        if not request.all_tenants:
+            return list(self.cache.tenant_stats(tenant))
+        known = list(self.cache.tenant_stats(None))
+        named = {stats.tenant for stats in known}
+        for active in sorted(set(self.admission.by_tenant) - named):
+            known.extend(self.cache.tenant_stats(active))
+        return known
+
     def _tenant_stats(self, stats: TenantStats) -> pb.TenantStats:
         fields = dataclasses.asdict(stats)
         return pb.TenantStats(
@@ -161,9 +172,10 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
     async def Prefetch(
         self, request: pb.PrefetchRequest, context: grpc.aio.ServicerContext
     ) -> pb.PrefetchResponse:
-        tenant = current_caller().tenant
+        caller = current_caller()
+        tenant = caller.tenant
         try:
-            with self.admission.enter(tenant):
+            with self.admission.enter(tenant, admin=caller.admin):
                 deadline = call_deadline(context, self.settings.default_deadline_seconds)
                 pipeline = self.pipeline.get()
                 pipeline.check_ready(with_images=True)
@@ -235,12 +247,18 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
             await abort(context, from_exception(exc))
         return pb.InvalidateResponse(removed=any(removed))
 
-    async def Watch(
-        self, request: pb.WatchRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.WatchEvent]:
+    async def Watch(self, request: pb.WatchRequest, context: grpc.aio.ServicerContext) -> None:
         """What the store does for the caller's tenant, as it happens (cache_actor/events.py):
         a snapshot (or the events missed since ``since``), "synced", then live events; a
-        watcher that falls behind gets one "gap" and its stream ends."""
+        watcher that falls behind gets one "gap" and its stream ends.
+
+        Sequence numbers count the watched tenant's events alone (1, 2, 3 ...); an admin's
+        ``all_tenants`` watch counts every tenant's events together. A tenant holds at most
+        ``max_watchers_per_tenant`` of the ``max_watchers`` streams (an admin's count as the
+        admin's own tenant's). A client that takes nothing for ``watch_idle_seconds`` while a
+        message waits for it (HTTP/2 flow control holds the write) is ended with
+        RESOURCE_EXHAUSTED, its slot given back at once; it resumes from the last sequence
+        number it saw."""
         caller = current_caller()
         try:
             if request.all_tenants and not caller.admin:
@@ -252,23 +270,91 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
             tenants = (
                 None if request.all_tenants else frozenset({_entries_of(caller, request.tenant)})
             )
-            watcher, first = await self.cache.watch(
-                tenants, request.since, self.settings.cache.watch_buffer
-            )
+            release = self._take_watch_slot(caller.tenant)
+            try:
+                watcher, first = await self.cache.watch(
+                    tenants, request.since, self.settings.cache.watch_buffer
+                )
+            except BaseException:
+                release()
+                raise
         except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
             await abort(context, from_exception(exc))
-        stage = request.stage
+        idle = self.settings.cache.watch_idle_seconds
         try:
-            for event in first:
-                if not stage or event.stage == stage:
-                    yield _watch_event(event)
-            yield pb.WatchEvent(sequence=watcher.since, kind="synced", snapshot=not watcher.resumed)
-            while True:
-                for event in await watcher.next():
-                    if event.kind == "gap":
-                        yield _watch_event(event)
-                        return  # behind, or the cache was emptied: it resumes or starts over
-                    if not stage or event.stage == stage:
-                        yield _watch_event(event)
+            await _stream(context, watcher, first, request.stage, idle)
+        except TimeoutError:
+            # a write held that long: the client reads nothing. Not abort(): its status would
+            # wait behind the messages the client has not read, and so would this handler
+            watcher.abandon()
+            _end_without_waiting(context, _idle(idle))
         finally:
             watcher.close()
+            release()
+
+    def _take_watch_slot(self, tenant: str) -> Callable[[], None]:
+        """One of ``tenant``'s watch streams, or why it may not have another; the function
+        returned gives it back."""
+        held = self._watching.get(tenant, 0)
+        limit = self.settings.cache.max_watchers_per_tenant
+        if held >= limit:
+            raise ServiceError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"tenant {tenant} has {held} cache watchers open, its limit; close one first",
+                reason=TENANT_OVERLOADED,
+            )
+        self._watching[tenant] = held + 1
+
+        def release() -> None:
+            left = self._watching[tenant] - 1
+            if left:
+                self._watching[tenant] = left
+            else:
+                del self._watching[tenant]
+
+        return release
+
+
+async def _stream(
+    context: grpc.aio.ServicerContext,
+    watcher: Watcher,
+    first: list[CacheEvent],
+    stage: str,
+    idle: float,
+) -> None:
+    """A watcher's messages, each write bounded by ``idle`` (TimeoutError beyond it), until
+    its gap. Written here rather than yielded, so that a write that waits is this handler's to
+    bound (interceptors/wrapping.py writes what a handler yields, unbounded)."""
+
+    async def send(message: pb.WatchEvent) -> None:
+        async with asyncio.timeout(idle):
+            await context.write(message)
+
+    for event in first:
+        if not stage or event.stage == stage:
+            await send(_watch_event(event))
+    await send(pb.WatchEvent(sequence=watcher.since, kind="synced", snapshot=not watcher.resumed))
+    while True:
+        for event in await watcher.next():
+            if event.kind == "gap":
+                await send(_watch_event(event))
+                return  # behind, or the cache was emptied: it resumes or starts over
+            if not stage or event.stage == stage:
+                await send(_watch_event(event))
+
+
+def _idle(seconds: float) -> ServiceError:
+    return ServiceError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        f"this watcher read nothing for {seconds:g} s while events waited for it: its stream"
+        " ends; resume from the last sequence number it saw",
+    )
+
+
+def _end_without_waiting(context: grpc.aio.ServicerContext, error: ServiceError) -> None:
+    """The status the call ends with once the handler returns, sent after the messages the
+    client has yet to read; the handler does not wait for it."""
+    status = error.to_status()
+    context.set_code(status.code)
+    context.set_details(status.details)
+    context.set_trailing_metadata(status.trailing_metadata)

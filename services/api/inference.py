@@ -190,7 +190,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         error: ServiceError | None = None
         finished: Finished | None = None
         try:
-            with self.admission.enter(caller.tenant):
+            with self.admission.enter(caller.tenant, admin=caller.admin):
                 deadline = call_deadline(context, self.settings.default_deadline_seconds)
                 pipeline = self.pipeline.get()
                 async with asyncio.timeout_at(loop_deadline(deadline)):

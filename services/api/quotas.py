@@ -26,10 +26,11 @@ class TenantQuotas:
 
     def concurrent_requests(self) -> int:
         explicit = self.settings.tenants.max_concurrent_requests
-        total = self.settings.max_concurrent_requests
+        limit = self.settings.max_concurrent_requests
         if explicit is not None:
-            return min(explicit, total)
-        return self._share(total) or total
+            return min(explicit, limit)
+        # shared: what tenants may use, the server's limit less the calls kept for admins
+        return self._share(limit - min(self.settings.admin_reserve, limit - 1)) or limit
 
     def cache_bytes(self) -> int | None:
         """A tenant's byte budget in the cache (None: the whole budget); fixed at start."""

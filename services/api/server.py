@@ -140,7 +140,9 @@ class MmgateServer:
         self.chaos = injector(settings.chaos)
         self.isolation = Isolation(settings.tenants)
         self.pipelines = PipelineRef()
-        self.admission = Admission(settings.max_concurrent_requests, self.quotas)
+        self.admission = Admission(
+            settings.max_concurrent_requests, self.quotas, settings.admin_reserve
+        )
         self.inference = InferenceServicer(settings, self.pipelines, self.admission, self.engine)
         self.cache_service = CacheServicer(
             settings,

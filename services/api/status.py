@@ -24,6 +24,7 @@ anything else                  INTERNAL           (the log has it; the client ge
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 from typing import NoReturn
@@ -257,5 +258,9 @@ def from_exception(exc: BaseException) -> ServiceError:
 
 
 async def abort(context: grpc.aio.ServicerContext, error: ServiceError) -> NoReturn:
+    if context.cancelled() or context.done():
+        # the caller has gone (cancelled, or its deadline passed in gRPC's core first): there is
+        # no one to tell, and a status sent to a finished call fails inside grpc with a traceback
+        raise asyncio.CancelledError
     await context.abort_with_status(error.to_status())
     raise AssertionError("abort_with_status returned")  # pragma: no cover

@@ -9,7 +9,6 @@ point at its mistake; all problems of a request are reported together.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import uuid
@@ -20,9 +19,11 @@ from google.protobuf.message import Message
 
 from ..config import Settings
 from ..errors import InvalidRequest, Violation
+from ..pipeline.media.fetch import url_problem
 from ..proto.mmgate.v1 import inference_pb2 as pb
-from ..types import CachePolicy, ChatTurn, Constraint, GenerationRequest, ImageInput, Sampling
+from ..types import CachePolicy, ChatTurn, GenerationRequest, ImageInput, Sampling
 from ..wire import IMAGE_PLACEHOLDER, MIME_TYPES, is_digest
+from .constraints import checked_constraint
 
 ROLES = frozenset({"system", "user", "assistant"})
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
@@ -32,6 +33,11 @@ MAX_URL_CHARS = 2048  # an image URL's length, as browsers and CDNs keep to
 MAX_LOGPROBS = 20
 # token ids named one by one in a refusal: the rest are counted
 _NAMED_IDS = 8
+# problems listed in one refusal, and characters of a description: the rest are counted. A
+# refusal never grows with what a caller sends (a million empty stop strings once made a 54 MB
+# message, more than gRPC's trailers carry).
+MAX_VIOLATIONS = 16
+MAX_DESCRIPTION_CHARS = 200
 
 
 _POLICIES: dict[int, CachePolicy] = {
@@ -39,6 +45,12 @@ _POLICIES: dict[int, CachePolicy] = {
     pb.CACHE_POLICY_RESPONSE: "response",
     pb.CACHE_POLICY_BYPASS: "bypass",
 }
+
+
+def _bounded(description: str) -> str:
+    if len(description) <= MAX_DESCRIPTION_CHARS:
+        return description
+    return description[: MAX_DESCRIPTION_CHARS - 1] + "…"
 
 
 def _has_unknown_fields(message: Message) -> bool:
@@ -60,9 +72,14 @@ def validate(
     """Check a GenerateRequest against the contract, the model and the server's limits
     (``vocab_size`` None: token ids are checked against no vocabulary)."""
     problems: list[Violation] = []
+    unlisted = 0
 
     def bad(field: str, description: str) -> None:
-        problems.append(Violation(field, description))
+        nonlocal unlisted
+        if len(problems) < MAX_VIOLATIONS:
+            problems.append(Violation(field, _bounded(description)))
+        else:
+            unlisted += 1
 
     size = request.ByteSize()
     if size > settings.max_message_bytes:
@@ -89,23 +106,14 @@ def validate(
         if not messages:
             bad("chat.messages", "must hold at least one message")
         elif len(messages) > settings.max_chat_messages:
+            # refused before anything is read or built from the messages: a chat of 3 million
+            # once held the event loop 6 s
             bad(
                 "chat.messages",
                 f"{len(messages)} messages; the limit is {settings.max_chat_messages}",
             )
-        total = 0
-        for i, message in enumerate(messages[: settings.max_chat_messages]):
-            where = f"chat.messages[{i}]"
-            if _has_unknown_fields(message):
-                bad(where, "carries fields this server does not know (only role and content)")
-            if message.role not in ROLES:
-                bad(f"{where}.role", f"{message.role!r} is not one of {', '.join(sorted(ROLES))}")
-            if not message.content.strip():
-                bad(f"{where}.content", "must not be empty")
-            total += len(message.content)
-        if total > settings.max_prompt_chars:
-            bad("chat.messages", f"{total} characters; the limit is {settings.max_prompt_chars}")
-        chat = tuple(ChatTurn(m.role, m.content) for m in messages)
+        else:
+            chat = _chat(messages, settings, bad)
 
     sampling, max_tokens_set = _sampling(request, settings, max_model_len, bad)
     _token_controls(request.sampling, settings, vocab_size, bad)
@@ -133,6 +141,8 @@ def validate(
         bad("cache_policy", f"unknown value {request.cache_policy}")
 
     if problems:
+        if unlisted:
+            problems.append(Violation("request", f"{unlisted} more problems, not listed"))
         raise InvalidRequest(problems)
     return GenerationRequest(
         prompt=prompt,
@@ -147,6 +157,25 @@ def validate(
     )
 
 
+def _chat(
+    messages: Sequence[pb.ChatMessage], settings: Settings, bad: Callable[[str, str], None]
+) -> tuple[ChatTurn, ...]:
+    """A chat of a count within the limit: each message's role and content checked."""
+    total = 0
+    for i, message in enumerate(messages):
+        where = f"chat.messages[{i}]"
+        if _has_unknown_fields(message):
+            bad(where, "carries fields this server does not know (only role and content)")
+        if message.role not in ROLES:
+            bad(f"{where}.role", f"{message.role!r} is not one of {', '.join(sorted(ROLES))}")
+        if not message.content.strip():
+            bad(f"{where}.content", "must not be empty")
+        total += len(message.content)
+    if total > settings.max_prompt_chars:
+        bad("chat.messages", f"{total} characters; the limit is {settings.max_prompt_chars}")
+    return tuple(ChatTurn(m.role, m.content) for m in messages)
+
+
 def _token_ids(
     message: pb.TokenIds,
     max_model_len: int,
@@ -154,13 +183,16 @@ def _token_ids(
     bad: Callable[[str, str], None],
 ) -> tuple[int, ...]:
     """A tokenized prompt: not empty, within the context, every id in the vocabulary."""
-    ids = tuple(message.ids)
     if _has_unknown_fields(message):
         bad("token_ids", "carries fields this server does not know")
+    count = len(message.ids)
+    if count >= max_model_len:
+        # counted, never copied: a message of millions of ids is refused as it came
+        bad("token_ids.ids", f"{count} tokens; the model takes at most {max_model_len - 1}")
+        return ()
+    ids = tuple(message.ids)
     if not ids:
         bad("token_ids.ids", "must hold at least one token id")
-    elif len(ids) >= max_model_len:
-        bad("token_ids.ids", f"{len(ids)} tokens; the model takes at most {max_model_len - 1}")
     elif vocab_size is not None:
         outside = [i for i, token in enumerate(ids) if token >= vocab_size]
         for i in outside[:_NAMED_IDS]:
@@ -231,6 +263,8 @@ def image_violations(image: pb.Image, settings: Settings, prefix: str = "") -> l
                     f"an absolute URL of 1 to {MAX_URL_CHARS} printable characters, no spaces",
                 )
             )
+        elif (problem := url_problem(url)) is not None:
+            found.append(Violation(f"{prefix}url", problem))
     if image.mime_type and image.mime_type not in MIME_TYPES:
         found.append(
             Violation(
@@ -286,11 +320,17 @@ def _sampling(
     for name, ok, rule in checks:
         if s.HasField(name) and not ok:
             bad(f"sampling.{name}", f"{getattr(s, name)!r} is not {rule}")
+    # repeated fields past their count are refused before anything is built from them
+    stops: tuple[str, ...] = ()
     if len(s.stop) > settings.max_stop_strings:
         bad("sampling.stop", f"{len(s.stop)} strings; the limit is {settings.max_stop_strings}")
-    for i, stop in enumerate(s.stop):
+    else:
+        stops = tuple(s.stop)
+    for i, stop in enumerate(stops):
         if not stop or len(stop) > MAX_STOP_CHARS:
             bad(f"sampling.stop[{i}]", f"must hold 1 to {MAX_STOP_CHARS} characters")
+    stop_ids = s.stop_token_ids
+    biases = s.logit_bias
 
     def optional(name: str) -> float | None:
         return getattr(s, name) if s.HasField(name) else None
@@ -302,7 +342,7 @@ def _sampling(
         top_p=optional("top_p"),
         top_k=-1 if top_k == 0 else top_k,
         seed=s.seed if s.HasField("seed") else None,
-        stop=tuple(s.stop),
+        stop=stops,
         presence_penalty=optional("presence_penalty"),
         frequency_penalty=optional("frequency_penalty"),
         repetition_penalty=optional("repetition_penalty"),
@@ -310,11 +350,11 @@ def _sampling(
         ignore_eos=s.ignore_eos,
         stream_interval=s.stream_interval if s.HasField("stream_interval") else None,
         min_tokens=s.min_tokens,
-        stop_token_ids=tuple(s.stop_token_ids),
+        stop_token_ids=tuple(stop_ids) if len(stop_ids) <= settings.max_stop_token_ids else (),
         include_stop_str_in_output=s.include_stop_str_in_output,
         skip_special_tokens=s.skip_special_tokens if s.HasField("skip_special_tokens") else True,
-        logit_bias=tuple(sorted(s.logit_bias.items())),
-        constraint=_constraint(s, settings, bad),
+        logit_bias=tuple(sorted(biases.items())) if len(biases) <= settings.max_logit_bias else (),
+        constraint=checked_constraint(s, settings, bad),
         n=s.n if s.HasField("n") else 1,
         logprobs=s.logprobs if s.HasField("logprobs") else None,
         prompt_logprobs=s.prompt_logprobs if s.HasField("prompt_logprobs") else None,
@@ -353,56 +393,3 @@ def _token_controls(
             bad(where, f"token {token} is not below the vocabulary's {vocab}")
         if not (_finite(bias) and -100 <= bias <= 100):
             bad(where, f"{bias!r} is not between -100 and 100")
-
-
-def _constraint(
-    s: pb.SamplingParams, settings: Settings, bad: Callable[[str, str], None]
-) -> Constraint | None:
-    """The output constraint, bounded in size; the engine's backend checks what it means."""
-    kind = s.WhichOneof("constraint")
-    if kind is None:
-        return None
-    where, limit = f"sampling.{kind}", settings.max_constraint_chars
-    if kind == "json_object":
-        if not s.json_object:
-            bad(where, "must be true when set; leave the constraint unset for free text")
-        return Constraint("json_object")
-    if kind == "choice":
-        choices = tuple(s.choice.choices)
-        chars = sum(map(len, choices))
-        if not choices:
-            bad(f"{where}.choices", "must hold at least one string")
-        elif len(choices) > settings.max_choices:
-            bad(f"{where}.choices", f"{len(choices)} strings; the limit is {settings.max_choices}")
-        elif chars > limit:
-            bad(f"{where}.choices", f"{chars} characters; the limit is {limit}")
-        elif not all(choices):
-            bad(f"{where}.choices", "must not hold an empty string")
-        return Constraint("choice", choices=choices)
-    text: str = getattr(s, kind)
-    if not text.strip():
-        bad(where, "must not be empty")
-    elif len(text) > limit:
-        bad(where, f"{len(text)} characters; the limit is {limit}")
-    elif "\x00" in text:
-        bad(where, "must not hold a NUL character")
-    elif kind == "json_schema":
-        text = _compact_schema(text, where, bad)
-    return Constraint(kind, text=text)
-
-
-def _compact_schema(text: str, where: str, bad: Callable[[str, str], None]) -> str:
-    """The schema as compact JSON (one run for the same schema however it is spaced); the order
-    of its keys stays, since it is the order of the output's properties."""
-    try:
-        schema = json.loads(text)
-    except RecursionError:
-        bad(where, "is nested too deeply")
-        return text
-    except ValueError as error:
-        bad(where, f"is not JSON: {error}")
-        return text
-    if not isinstance(schema, dict):
-        bad(where, "must be a JSON object (a JSON Schema)")
-        return text
-    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)

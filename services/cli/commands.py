@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import faulthandler
 import signal
 import sys
 import time
@@ -40,6 +41,7 @@ def _serve(argv: Sequence[str]) -> int:
 
     from ..api.server import serve
     from ..config import Settings
+    from ..engine.reaper import spawn_reaper
     from ..observability.logs import configure_logging
 
     try:
@@ -52,7 +54,15 @@ def _serve(argv: Sequence[str]) -> int:
         return 2
     # each line carries the trace and span ids of the request it was logged in
     configure_logging(settings.log_level, settings.log_format)
-    asyncio.run(serve(settings))
+    # a native crash is logged (the signal and every thread's stack) instead of dying silently,
+    # and the reaper ends the engine's processes when this one dies without stopping them
+    faulthandler.enable()
+    reaper = spawn_reaper()
+    try:
+        asyncio.run(serve(settings))
+    finally:
+        reaper.kill()
+        reaper.wait()
     return 0
 
 

@@ -90,6 +90,11 @@ class Settings(BaseSettings):
     max_constraint_chars: int = Field(65_536, gt=0)
     """Longest output constraint (a JSON schema, regex or grammar, or all choices together), in
     characters: the engine compiles it into a grammar before the request's first token."""
+    max_constraint_depth: int = Field(64, gt=0)
+    """Deepest nesting in an output constraint: a JSON schema's objects and arrays with the
+    groups of its patterns, a regex's groups, a grammar's brackets. The engine's compilers
+    recurse once a level, natively: far deeper input overflows their stack and kills the
+    process."""
     max_choices: int = Field(1024, gt=0)
     """Most strings in a request's choice constraint."""
     max_samples: int = Field(8, gt=0)
@@ -99,6 +104,9 @@ class Settings(BaseSettings):
     """max_tokens of a request that sets none (less where the context window ends first)."""
     max_concurrent_requests: int = Field(256, gt=0)
     """Calls in progress (Generate, Complete, Prefetch) beyond this: RESOURCE_EXHAUSTED at once."""
+    admin_reserve: int = Field(2, ge=0)
+    """Of max_concurrent_requests, the calls only an admin may start: an operator is never
+    locked out by tenants at their full shares (one call is always left to tenants)."""
     default_deadline_seconds: float = Field(300.0, gt=0)
     """Deadline of a call whose client set none: no request waits unbounded."""
     shutdown_grace_seconds: float = Field(10.0, ge=0)

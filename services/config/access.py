@@ -177,6 +177,11 @@ class TenantSettings(BaseModel):
     max_concurrent_requests: int | None = Field(None, gt=0)
     """One tenant's requests in progress; unset: with more than one tenant configured, an equal
     share of max_concurrent_requests, else all of it."""
+    newcomer_slots: int = Field(1, ge=0)
+    """Engine slots a tenant that already runs leaves free, so that a tenant with nothing running
+    starts within an engine step however long the others' runs are (vLLM frees no running slot
+    for a newcomer); the price: a tenant alone runs max_num_seqs minus this many at once. 0:
+    every slot to whoever waits, and a newcomer waits for a run to end."""
     max_labels: int = Field(1024, gt=0)
     """Tenants whose counters are kept; beyond it the longest idle are forgotten (in mode none
     any caller can name a new tenant)."""

@@ -61,6 +61,15 @@ class CacheSettings(BaseModel):
     UNAVAILABLE and liveness fails (docs/cache_actor.md)."""
     max_watchers: int = Field(16, gt=0)
     """Cache.Watch streams open at once; one more is refused with RESOURCE_EXHAUSTED."""
+    max_watchers_per_tenant: int = Field(4, gt=0)
+    """Cache.Watch streams one tenant may have open at once, within max_watchers (an admin's
+    count as its own tenant's, whatever they watch); one more is refused with
+    RESOURCE_EXHAUSTED."""
+    watch_idle_seconds: float = Field(30.0, gt=0)
+    """A watcher whose client has taken nothing for this long while an event waits to be sent
+    to it (it stopped reading: HTTP/2 flow control holds the write) is ended, its slot given
+    back: its stream ends, after what it was sent, with RESOURCE_EXHAUSTED, and it resumes from
+    the last sequence number it saw."""
     watch_buffer: int = Field(256, gt=0)
     """Events held for a watcher that has not read them; one more and it gets a "gap" event
     and its stream ends (it resumes from its last sequence number, or from a snapshot)."""

@@ -51,6 +51,11 @@ class EngineSettings(BaseModel):
     """Order requests for the engine in mmgate's queue (by tenant weight and priority) and hand
     it no more than it runs at once; false: every request goes to the engine at once, in order
     of arrival (docs/service.md, "Fair shares and priorities")."""
+    max_logprob_alternatives: int | None = Field(256, gt=0)
+    """Log-probability alternatives in the engine at once, at most: a run of n samples asking
+    for k costs n x (k + 1) a step, each turned into text by vLLM on the event loop; a run
+    beyond it waits in the queue (one run alone always goes) while other tenants' runs asking
+    for none pass it. Unset: no bound (docs/reliability.md measures the loop's lag either way)."""
     queue_lead: int = Field(0, ge=0)
     """Sequences handed to the engine beyond max_num_seqs, so that it has the next ones at hand
     when a run ends; each is one that jumps mmgate's order."""
@@ -89,6 +94,10 @@ class EngineSettings(BaseModel):
     unary_final_only: bool = True
     """A unary Complete that no other request can join asks the engine for its final output
     only, instead of an output at every step (false: every step, as a stream; for comparison)."""
+    compile_hold_seconds: float = Field(60.0, gt=0)
+    """A tenant hands the engine one output constraint's grammar at a time (the engine compiles
+    them one by one, and goes on compiling one whose caller has left): how long a grammar left
+    before its first token still counts as the tenant's, at most."""
     adapters: dict[str, Path] = Field(default_factory=dict)
     """LoRA adapters served from the start, as JSON: a name to a local folder holding
     adapter_config.json and adapter_model.safetensors, '{"support": "/adapters/support"}'.

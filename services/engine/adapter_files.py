@@ -1,7 +1,8 @@
 """An adapter's files: where a load may read them from, the copy it makes, and mmgate's checks.
 
     LoadAdapter(name, path) ─▶ checked_name, folder_under (the adapter root, links followed)
-        ─▶ copy_adapter: the two files copied aside, hashed (the digest)
+        ─▶ copy_adapter: the two files (regular files, under the root once links are followed)
+           copied aside, hashed (the digest)
         ─▶ AdapterCheck.rank_of: the config's rank, every weight's module, layer and shape
            against the model, nothing outside the language model in embeddings mode
 
@@ -12,10 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, final
+from typing import BinaryIO, Final, final
 
 from ..config import ADAPTER_NAME
 from ..errors import AdapterRefused
@@ -36,10 +39,39 @@ NO_ADAPTER_ROOT: Final = "this server loads no adapters at run time (no adapter 
 def config_rank(folder: Path) -> int:
     """The rank an adapter's config gives (0 where it gives none: its load says why)."""
     try:
-        rank = json.loads((folder / CONFIG_FILE).read_text()).get("r")
-    except (OSError, ValueError, AttributeError):
+        with adapter_file(folder, CONFIG_FILE, None) as reading:
+            rank = json.loads(reading.read()).get("r")
+    except (OSError, ValueError, AttributeError):  # AdapterRefused is a ValueError
         return 0
     return rank if isinstance(rank, int) else 0
+
+
+def adapter_file(folder: Path, name: str, root: Path | None) -> BinaryIO:
+    """``folder``'s file ``name`` open for reading, refused unless it is a regular file and, where
+    ``root`` is given, lies under it once links are followed."""
+    try:
+        path = (folder / name).resolve()
+    except (OSError, RuntimeError):  # a name too long, a loop of links
+        raise AdapterRefused("path", f"{name} cannot be read") from None
+    if root is not None and not path.is_relative_to(root.resolve()):
+        # the folder is under the root, but a link in it would serve a file from anywhere
+        raise AdapterRefused("path", f"{name} leads out of the server's adapter root")
+    try:
+        # O_NONBLOCK: opening a FIFO otherwise waits for a writer, and the worker thread stuck
+        # there is lost to every later load; O_NOFOLLOW: the path judged is the file opened
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        raise AdapterRefused("path", f"the folder holds no {name}") from None
+    except OSError as exc:
+        raise AdapterRefused("path", f"{name} cannot be read ({exc.strerror})") from None
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        regular = False
+    if not regular:  # a folder, a FIFO, a device: nothing an adapter is made of
+        os.close(fd)
+        raise AdapterRefused("path", f"{name} is not a regular file")
+    return os.fdopen(fd, "rb")
 
 
 @final
@@ -137,21 +169,18 @@ def folder_under(root: Path | None, path: str) -> Path:
     return folder
 
 
-def copy_adapter(source: Path, copy: Path) -> str:
-    """Copy an adapter's two files into ``copy``, hashing them: the adapter's digest."""
+def copy_adapter(source: Path, copy: Path, root: Path | None = None) -> str:
+    """Copy an adapter's two files into ``copy``, hashing them: the adapter's digest. Where
+    ``root`` is given (a load from the adapter root), each file must lie under it."""
     digest = hashlib.sha256()
     copy.mkdir(parents=True)
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         try:
-            with (source / name).open("rb") as reading, (copy / name).open("wb") as writing:
+            with adapter_file(source, name, root) as reading, (copy / name).open("wb") as writing:
                 digest.update(f"{name}\0".encode())
                 while chunk := reading.read(_CHUNK):
                     digest.update(chunk)
                     writing.write(chunk)
-        except (FileNotFoundError, NotADirectoryError):
-            raise AdapterRefused("path", f"the folder holds no {name}") from None
-        except IsADirectoryError:
-            raise AdapterRefused("path", f"{name} is not a file") from None
         except OSError as exc:
             raise AdapterRefused("path", f"{name} cannot be read ({exc.strerror})") from None
     try:
@@ -192,6 +221,7 @@ __all__ = [
     "NO_ADAPTER_ROOT",
     "WEIGHTS_FILE",
     "AdapterCheck",
+    "adapter_file",
     "checked_name",
     "config_rank",
     "copy_adapter",

@@ -138,6 +138,13 @@ class AdapterSet:
         self._loading = asyncio.Lock()  # one load at a time: a name's check and swap stay whole
         self._drops: set[asyncio.Task[None]] = set()
         self.null: Served | None = None
+        # distinct adapters the engine may run at once (None: the engine's scheduler keeps to
+        # its slots itself); on the CPU the null adapter holds one slot the scheduler counts as
+        # free, and a step with one adapter more than the free slots failed the engine for
+        # every tenant (a KeyError in vLLM's LoRA mapping)
+        self.slots: int | None = None
+        self._active: set[Served] = set()
+        self._slot_waiters: list[asyncio.Future[None]] = []
         self.requests: Counter[str] = Counter()
         self.generated_tokens: Counter[str] = Counter()
         self.loads: Counter[str] = Counter()
@@ -149,6 +156,7 @@ class AdapterSet:
         configured adapters (a bad one stops the start)."""
         if null_slot is not None:
             self.null = await self._null(null_slot)
+            self.slots = null_slot  # the slots before the null adapter's
         for name, folder in self.settings.adapters.items():
             try:
                 await self.load(name, folder)
@@ -163,21 +171,24 @@ class AdapterSet:
         except AdapterRefused:
             self.loads["refused"] += 1
             raise
-        return await self.load(name, folder)
+        return await self.load(name, folder, root=self.settings.adapter_root)
 
-    async def load(self, name: str, folder: Path) -> tuple[AdapterRef, bool]:
+    async def load(
+        self, name: str, folder: Path, *, root: Path | None = None
+    ) -> tuple[AdapterRef, bool]:
         """Serve ``folder`` as ``name`` (replacing a load of that name): its reference, and
-        whether one was replaced. Refused (AdapterRefused): nothing changed."""
+        whether one was replaced; its files must lie under ``root`` where one is given.
+        Refused (AdapterRefused): nothing changed."""
         async with self._loading:
             try:
-                ref, replaced = await self._load(name, folder)
+                ref, replaced = await self._load(name, folder, root)
             except AdapterRefused:
                 self.loads["refused"] += 1
                 raise
             self.loads["loaded"] += 1
             return ref, replaced
 
-    async def _load(self, name: str, folder: Path) -> tuple[AdapterRef, bool]:
+    async def _load(self, name: str, folder: Path, root: Path | None) -> tuple[AdapterRef, bool]:
         current = self.served.get(name)
         if current is None and len(self.served) >= self.settings.max_adapters:
             raise AdapterRefused(
@@ -188,7 +199,7 @@ class AdapterSet:
         lora_id = self._next_id()
         copy = self.folder / str(lora_id)
         try:
-            digest = await asyncio.to_thread(copy_adapter, folder, copy)
+            digest = await asyncio.to_thread(copy_adapter, folder, copy, root)
             if current is not None and current.ref.digest == digest:
                 await asyncio.to_thread(shutil.rmtree, copy, True)
                 return current.ref, False  # the same bytes: nothing to change
@@ -281,20 +292,36 @@ class AdapterSet:
             raise AdapterNotFound(name)
         return served.ref
 
-    def acquire(self, ref: AdapterRef | None) -> Served | None:
+    async def acquire(self, ref: AdapterRef | None) -> Served | None:
         """The load a run goes through, held until ``release`` (None: the base model). A load
         unloaded since the request resolved it still serves it while it drains; one already
-        dropped is AdapterNotFound."""
+        dropped is AdapterNotFound. Waits (bounded by the caller's deadline) while every slot
+        the engine has holds another adapter's runs."""
         if ref is None:
             self.requests[BASE_LABEL] += 1
             return None
+        served = self._served_as(ref)
+        while self.slots is not None and served not in self._active:
+            if len(self._active) < self.slots:
+                break
+            waiter = asyncio.get_running_loop().create_future()
+            self._slot_waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                self._slot_waiters.remove(waiter)
+            served = self._served_as(ref)  # it may have been unloaded meanwhile
+        self._active.add(served)
+        served.running += 1
+        self.requests[self._label(ref.name)] += 1
+        return served
+
+    def _served_as(self, ref: AdapterRef) -> Served:
         served = self.served.get(ref.name)
         if served is None or served.ref.digest != ref.digest:
             served = next((d for d in self._draining if d.ref == ref), None)
             if served is None:
                 raise AdapterNotFound(ref.name)
-        served.running += 1
-        self.requests[self._label(ref.name)] += 1
         return served
 
     def release(self, served: Served | None, tokens: int) -> None:
@@ -303,6 +330,11 @@ class AdapterSet:
             return
         self.generated_tokens[self._label(served.ref.name)] += tokens
         served.running -= 1
+        if served.running == 0:
+            self._active.discard(served)
+            for waiter in self._slot_waiters:  # each checks again: one of them gets the slot
+                if not waiter.done():
+                    waiter.set_result(None)
         if served.retired and served.running == 0:
             self._drop(served)
 

@@ -331,7 +331,7 @@ class EngineWorker:
             # vLLM's processor and prefix caches key on the digest, as mmgate's cache does
             prompt["multi_modal_uuids"] = {"image": list(images.uuids)}
         # held until the run ends (released below): an unload lets it finish
-        lora = self.adapters.acquire(request.adapter) if self.adapters is not None else None
+        lora = await self.adapters.acquire(request.adapter) if self.adapters is not None else None
         span = EngineTrace.start(self.model_name, request)
         outputs = engine.generate(
             prompt,

@@ -191,13 +191,20 @@ class CacheFront:
         timeout: float | None = None,
         tier: TierUse | None = None,
         label: str = "",
+        cancel_when_orphaned: bool = False,
     ) -> Lookup[V]:
         """The actor's lookup; where it cannot answer and the policy is "compute", the value
-        computed for this caller alone (a ``Bypassed`` lookup)."""
+        computed for this caller alone (a ``Bypassed`` lookup, which ends with its caller)."""
         tier = tier or ANY_STAGE
         if self.on_failure == "fail":
             return await self.actor.get(
-                key, compute, tenant=tenant, timeout=timeout, tier=tier, label=label
+                key,
+                compute,
+                tenant=tenant,
+                timeout=timeout,
+                tier=tier,
+                label=label,
+                cancel_when_orphaned=cancel_when_orphaned,
             )
         loop = asyncio.get_running_loop()
         wait = self.actor.config.default_timeout if timeout is None else timeout
@@ -210,7 +217,15 @@ class CacheFront:
                 self._stall = loop.create_future()
             stall = self._stall
             lookup = asyncio.ensure_future(
-                actor.get(key, compute, tenant=tenant, timeout=wait, tier=tier, label=label)
+                actor.get(
+                    key,
+                    compute,
+                    tenant=tenant,
+                    timeout=wait,
+                    tier=tier,
+                    label=label,
+                    cancel_when_orphaned=cancel_when_orphaned,
+                )
             )
             # its outcome is read below, unless this caller leaves first
             lookup.add_done_callback(_retrieve)

@@ -13,7 +13,8 @@
 
 A unary call (``whole``) whose run no other request can join asks the engine for its outputs at
 the end only (FINAL_ONLY): one output instead of one per step, for a caller that reads none of
-them before the end.
+them before the end; unless it asks for log-probabilities, whose conversion is then spread over
+the run's steps rather than done at once on the event loop.
 
 No gRPC here: the API edge turns GenerateRequest into a Request and these events into messages.
 Every wait is bounded by the request's deadline; leaving the stream early (cancellation,
@@ -29,7 +30,7 @@ from typing import final
 
 from ..config import Settings
 from ..engine.protocol import Engine
-from ..errors import EngineUnavailable
+from ..errors import EngineUnavailable, InvalidRequest
 from ..observability.media_metrics import FetchStats
 from ..observability.queue_metrics import QueueStats
 from ..types import (
@@ -46,6 +47,7 @@ from ..types import (
 from .budget import fit
 from .cache_front import CacheFront
 from .chaos import NoChaos, injector
+from .compiles import CompileGate
 from .media import MediaStage
 from .prompts import PromptStage
 from .queue import EngineQueue
@@ -87,10 +89,16 @@ class Pipeline:
         self.isolation = isolation if isolation is not None else Isolation(settings.tenants)
         # the order of runs for the engine's slots, by tenant weight and priority
         lanes = settings.engine.max_num_seqs + settings.engine.queue_lead
-        self.queue = EngineQueue(lanes if settings.engine.queue else None, settings.tenants)
+        self.queue = EngineQueue(
+            lanes if settings.engine.queue else None,
+            settings.tenants,
+            alternatives=settings.engine.max_logprob_alternatives,
+        )
         self.responses = SharedResponses(
             engine, cache, settings.default_deadline_seconds, self.chaos, self.queue
         )
+        # constrained requests: one grammar a tenant in the engine's compile queue
+        self.compiles = CompileGate(settings.engine.compile_hold_seconds)
 
     def request(
         self,
@@ -143,20 +151,44 @@ class Pipeline:
                 uuids = isolation.image_uuids(request.tenant, images.uuids)
                 images = dataclasses.replace(images, uuids=uuids)
 
+        compile_ = None
+        if sampling.constraint is not None:
+            compile_ = await self.compiles.enter(request.tenant)
         from_cache = False
         if checked.cache_policy == "response" and sampling.deterministic:
             stream, from_cache = await self.responses.share(request, prompt, sampling, images)
         else:
-            final_only = whole and self.settings.engine.unary_final_only
+            # log-probabilities come step by step even so: all of a run's at once (8 samples of
+            # 480 tokens, 20 alternatives each) held the event loop for 2 s as they were converted
+            final_only = (
+                whole
+                and self.settings.engine.unary_final_only
+                and sampling.logprobs is None
+                and sampling.prompt_logprobs is None
+            )
             run = request.engine_request(prompt.token_ids, sampling, images, final_only=final_only)
             stream = self.queue.stream(run, request.tenant, self.responses.run, request.waited)
 
         tally = Tally(sampling.n)
-        async with contextlib.aclosing(stream) as deltas:
-            async for delta in deltas:
-                tally.add(delta)
-                if delta.text or delta.token_ids:
-                    yield delta
+        compiled = False
+        try:
+            async with contextlib.aclosing(stream) as deltas:
+                async for delta in deltas:
+                    if compile_ is not None and not compiled:
+                        compiled = True
+                        self.compiles.compiled(compile_)
+                    tally.add(delta)
+                    if delta.text or delta.token_ids:
+                        yield delta
+        except (InvalidRequest, EngineUnavailable):
+            # refused by the engine's compiler (or no engine): nothing left compiling
+            if compile_ is not None and not compiled:
+                compiled = True
+                self.compiles.compiled(compile_)
+            raise
+        finally:
+            if compile_ is not None and not compiled:
+                self.compiles.left(compile_)
         samples = tally.ends()
         yield Finished(
             request_id=checked.request_id,

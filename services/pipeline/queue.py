@@ -16,8 +16,16 @@ Fair shares are of engine time. A tenant's usage is the slot-seconds its runs he
 weight; a free slot goes to the waiting tenant whose usage is least. A run is charged the recent
 mean run length when it starts and its actual length when it ends, so slots freed together are
 spread by weight, and long runs cost what they hold. A tenant that was idle comes back at the
-least usage among those active: idle time saves up no credit, and a debt is kept. The queue is
-work-conserving: a slot nobody else waits for goes to whoever waits, beyond any share.
+least usage among those active: idle time saves up no credit, and a debt is kept. A slot nobody
+else waits for goes to whoever waits, beyond any share, but for ``newcomer_slots``: a tenant
+that already runs leaves that many free, so that a tenant with nothing running starts at once
+(within one engine step) even while another's long runs hold every other slot; vLLM would free
+none for it (the fair order above only hands out slots that runs free).
+
+vLLM turns every log-probability alternative into text on the event loop, at every step: a run
+of n samples with k alternatives costs n x (k + 1) of them a step. At most
+``max_logprob_alternatives`` are in the engine at once; a run beyond that waits (one run alone
+always goes), while other tenants' runs that ask for none pass it.
 
 A waiting request keeps its deadline (the caller's timeout cancels the wait) and leaves the queue
 when its caller goes; a slot granted as the wait was cancelled is handed back at once.
@@ -58,6 +66,7 @@ class Slot:
 
     tenant: str
     cost: int
+    alternatives: int  # log-probability alternatives a step
     started: float  # the queue's clock at the grant
     charged: float  # the estimate charged at the grant, slot-seconds
     waited: float  # seconds in the queue
@@ -68,6 +77,7 @@ class Slot:
 class _Waiter:
     tenant: str
     cost: int
+    alternatives: int  # log-probability alternatives a step
     arrived: float
     granted: asyncio.Future[Slot]
 
@@ -106,7 +116,8 @@ class EngineQueue:
     """The order in which runs reach the engine, by tenant weight and request priority.
 
     ``slots`` None: no queue (``MMGATE_ENGINE__QUEUE=false``): every run goes to the engine at once,
-    and only the figures are kept.
+    and only the figures are kept. ``alternatives``: log-probability alternatives in the engine
+    at once, at most (None: any number).
     """
 
     def __init__(
@@ -114,11 +125,16 @@ class EngineQueue:
         slots: int | None,
         tenants: TenantSettings,
         clock: Callable[[], float] = time.monotonic,
+        alternatives: int | None = None,
     ) -> None:
         self.slots = slots
         self.tenants = tenants
         self.clock = clock  # a test's own clock stands in run lengths
+        # slots a tenant that runs leaves free for one that does not (one slot at least is theirs)
+        self.reserve = min(tenants.newcomer_slots, slots - 1) if slots is not None else 0
+        self.alternatives = alternatives if slots is not None else None
         self.in_use = 0
+        self.alternatives_in_use = 0
         self._tenants: dict[str, _Tenant] = {}
         self._floor = 0.0  # the virtual time when no tenant is active
         self._estimate = FIRST_ESTIMATE_SECONDS
@@ -136,7 +152,9 @@ class EngineQueue:
     ) -> AsyncGenerator[EngineDelta, None]:
         """``generate(run, tenant)``'s deltas once the run has its slots; ``waited`` learns the
         seconds it waited for them."""
-        slot = await self.acquire(tenant, run.priority, run.sampling.n)
+        sampling = run.sampling
+        alternatives = sampling.n * (sampling.logprobs + 1) if sampling.logprobs is not None else 0
+        slot = await self.acquire(tenant, run.priority, sampling.n, alternatives)
         try:
             if waited is not None:
                 waited(slot.waited)
@@ -146,13 +164,15 @@ class EngineQueue:
         finally:
             self.release(slot)
 
-    async def acquire(self, tenant: str, priority: int, cost: int) -> Slot:
-        """Wait for ``cost`` engine slots for one of ``tenant``'s runs (cancellable)."""
+    async def acquire(self, tenant: str, priority: int, cost: int, alternatives: int = 0) -> Slot:
+        """Wait for ``cost`` engine slots (and ``alternatives`` log-probability alternatives a
+        step) for one of ``tenant``'s runs (cancellable)."""
         if self.slots is not None:
             cost = max(1, min(cost, self.slots))
         state = self._join(tenant)
         arrived = self.clock()
-        waiter = _Waiter(tenant, cost, arrived, asyncio.get_running_loop().create_future())
+        future = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(tenant, cost, alternatives, arrived, future)
         heapq.heappush(state.waiting, (priority, next(self._order), waiter))
         state.depth += 1
         self._figures(tenant).waiting += 1
@@ -175,6 +195,7 @@ class EngineQueue:
         state = self._tenants[slot.tenant]
         held = self.clock() - slot.started
         self.in_use -= slot.cost
+        self.alternatives_in_use -= slot.alternatives
         state.slots -= slot.cost
         self._figures(slot.tenant).slots -= slot.cost
         state.usage += (held * slot.cost - slot.charged) / state.weight
@@ -213,18 +234,32 @@ class EngineQueue:
             del self._tenants[tenant]
 
     def _pick(self) -> tuple[_Tenant, _Waiter] | None:
-        best: tuple[float, int] | None = None
-        found: tuple[_Tenant, _Waiter] | None = None
-        for state in self._tenants.values():
-            if state.depth == 0:
+        """The next run to start: the head of the waiting tenant whose usage is least, unless it
+        must leave the newcomers' slots or the alternatives free (then the next tenant's may
+        pass it). A head waiting for more slots than are free is passed by nobody (it would
+        starve)."""
+        ranked = sorted(
+            ((state.usage, state.waiting[0][1]), state, head)
+            for state in self._tenants.values()
+            if state.depth and (head := state.head()) is not None
+        )
+        for _, state, head in ranked:
+            if self.slots is None or not self.in_use:
+                return state, head
+            free = self.slots - self.in_use - head.cost
+            if free < 0:
+                return None
+            if state.slots and free < self.reserve:
+                continue  # the newcomers' slots
+            if (
+                self.alternatives is not None
+                and head.alternatives
+                and self.alternatives_in_use
+                and self.alternatives_in_use + head.alternatives > self.alternatives
+            ):
                 continue
-            head = state.head()
-            if head is None:
-                continue
-            rank = (state.usage, state.waiting[0][1])
-            if best is None or rank < best:
-                best, found = rank, (state, head)
-        return found
+            return state, head
+        return None
 
     def _grant(self) -> None:
         while True:
@@ -232,8 +267,6 @@ class EngineQueue:
             if picked is None:
                 return
             state, waiter = picked
-            if self.slots is not None and self.in_use and self.in_use + waiter.cost > self.slots:
-                return  # it waits for enough slots; nobody passes it (it would starve)
             heapq.heappop(state.waiting)
             state.depth -= 1
             now = self.clock()
@@ -242,6 +275,7 @@ class EngineQueue:
             state.pending += charged / state.weight
             state.slots += waiter.cost
             self.in_use += waiter.cost
+            self.alternatives_in_use += waiter.alternatives
             waited = now - waiter.arrived
             figures = self._figures(waiter.tenant)
             figures.waiting -= 1
@@ -250,7 +284,8 @@ class EngineQueue:
             figures.wait_counts[bisect.bisect_left(QUEUE_WAIT_BUCKETS, waited)] += 1
             figures.wait_seconds += waited
             self._now()
-            waiter.granted.set_result(Slot(waiter.tenant, waiter.cost, now, charged, waited))
+            slot = Slot(waiter.tenant, waiter.cost, waiter.alternatives, now, charged, waited)
+            waiter.granted.set_result(slot)
 
     def _left(self, waiter: _Waiter, state: _Tenant) -> None:
         """The caller went (or its deadline passed) while it waited."""

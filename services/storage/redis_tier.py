@@ -267,6 +267,22 @@ def redis_client(settings: RedisSettings) -> Any:
     return Redis.from_url(settings.url, **options)
 
 
+def redis_weaknesses(settings: RedisSettings) -> list[str]:
+    """What a deployment's Redis settings leave open, said once at start (docs/security.md)."""
+    weaknesses = []
+    if settings.url is not None and not urlsplit(settings.url).password:
+        weaknesses.append(
+            "no password in MMGATE_REDIS__URL: anyone who reaches Redis reads and writes every"
+            " tenant's values"
+        )
+    if settings.value_secret_file is None:
+        weaknesses.append(
+            "no MMGATE_REDIS__VALUE_SECRET_FILE: a value that names its own key is served to"
+            " that key's tenant, so whoever can write to Redis can answer for any tenant"
+        )
+    return weaknesses
+
+
 def redis_tier(
     settings: RedisSettings, codecs: Callable[[bytes | None], dict[str, StageCodec]]
 ) -> RedisTier | None:
@@ -279,6 +295,8 @@ def redis_tier(
         secret = settings.value_secret_file.read_bytes().strip()
         if not secret:
             raise ValueError(f"the Redis value secret file {settings.value_secret_file} is empty")
+    for weakness in redis_weaknesses(settings):
+        log.warning("redis: %s", weakness)
     return RedisTier(
         redis_client(settings),
         codecs=codecs(secret),
@@ -299,4 +317,5 @@ __all__ = [
     "redis_address",
     "redis_client",
     "redis_tier",
+    "redis_weaknesses",
 ]

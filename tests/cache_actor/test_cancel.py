@@ -2,7 +2,7 @@ import asyncio
 
 import pytest
 
-from cache_actor import CacheActor, CacheConfig, Outcome, waiting_to_start
+from cache_actor import CacheActor, CacheConfig, ComputeTimeout, Outcome, waiting_to_start
 from tests.cache_actor.stats_check import MakeActor, assert_stats
 from tests.support import Gate, Stuck, until
 
@@ -116,3 +116,57 @@ async def test_an_orphan_that_has_started_finishes(cache: CacheActor) -> None:
     gate.release.set()
     await until(lambda: cache.stats().entries == 1)
     assert (await cache.get("k", compute)).outcome is Outcome.HIT
+
+
+async def test_a_flight_asked_to_stop_when_orphaned_is_cancelled_with_its_last_waiter(
+    cache: CacheActor,
+) -> None:
+    compute = Stuck()
+    first = asyncio.ensure_future(cache.get("k", compute, cancel_when_orphaned=True))
+    second = asyncio.ensure_future(cache.get("k", compute, cancel_when_orphaned=True))
+    await until(lambda: cache.stats().waiters == 2)
+    first.cancel()
+    await until(lambda: cache.stats().waiters == 1)
+    assert not compute.cancelled.is_set()  # somebody still waits: it goes on
+    second.cancel()
+    await compute.cancelled.wait()  # default config (orphans finish), but not this one
+    await until(lambda: cache.stats().flights == 0)
+    assert_stats(cache, misses=1, coalesced=1, cancelled_waiters=2, entries=0)
+
+
+async def test_it_runs_to_the_latest_deadline_of_those_still_waiting(cache: CacheActor) -> None:
+    gate = Gate()
+    leader = asyncio.ensure_future(cache.get("k", gate, timeout=0.01, cancel_when_orphaned=True))
+    await gate.started.wait()
+    patient = asyncio.ensure_future(cache.get("k", gate, timeout=30, cancel_when_orphaned=True))
+    with pytest.raises(ComputeTimeout, match="caller"):
+        await leader  # the leader's deadline passes: the follower keeps the flight alive
+    await until(lambda: cache.stats().waiters == 1)
+    gate.release.set()
+    assert (await patient).outcome is Outcome.COALESCED
+    assert gate.calls == 1
+    assert_stats(cache, misses=1, coalesced=1, caller_timeouts=1, load_successes=1, entries=1)
+
+
+async def test_a_last_waiter_past_its_deadline_ends_the_flight(cache: CacheActor) -> None:
+    compute = Stuck()
+    with pytest.raises(ComputeTimeout):
+        await cache.get("k", compute, timeout=0.01, cancel_when_orphaned=True)
+    await compute.cancelled.wait()
+    await until(lambda: cache.stats().flights == 0)
+    assert_stats(cache, misses=1, caller_timeouts=1, entries=0)
+
+
+async def test_the_lookup_that_starts_the_flight_decides(cache: CacheActor) -> None:
+    gate = Gate()
+    leader = asyncio.ensure_future(cache.get("k", gate))
+    await gate.started.wait()
+    follower = asyncio.ensure_future(cache.get("k", gate, cancel_when_orphaned=True))
+    await until(lambda: cache.stats().waiters == 2)
+    leader.cancel()
+    follower.cancel()
+    await until(lambda: cache.stats().waiters == 0)
+    assert cache.stats().flights == 1  # started by a lookup that lets orphans finish
+    gate.release.set()
+    await until(lambda: cache.stats().entries == 1)
+    assert_stats(cache, misses=1, coalesced=1, cancelled_waiters=2, load_successes=1, entries=1)

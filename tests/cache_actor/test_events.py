@@ -1,6 +1,7 @@
 """The store's events for watchers: admits, evictions and invalidations, numbered, per tenant;
 resuming from a sequence number; a snapshot when the history no longer reaches back; a watcher
-that does not read costs a bounded buffer and ends with one gap."""
+that does not read costs a bounded buffer and ends with one gap; one its reader abandons gives
+its slot back."""
 
 from __future__ import annotations
 
@@ -67,9 +68,10 @@ async def test_a_new_watcher_starts_with_what_is_held() -> None:
     await cache.get("k2", value_of(10), tenant="b")
     _, first = await cache.watch(frozenset({"a"}), 0, capacity=10)
     assert kinds(first) == [("held", "a", "k1")]
-    assert first[0].sequence == journal.sequence == 2
+    assert first[0].sequence == 1  # a's own count: b's admit is none of a's business
     _, everyone = await cache.watch(None, 0, capacity=10)
     assert {e.key for e in everyone} == {"k1", "k2"}
+    assert {e.sequence for e in everyone} == {journal.sequence} == {2}  # every tenant's count
     await cache.aclose()
 
 
@@ -143,4 +145,69 @@ async def test_a_sequence_number_from_another_life_gets_a_snapshot() -> None:
     watcher, first = await cache.watch(frozenset({"a"}), journal.sequence + 100, capacity=10)
     assert kinds(first) == [("held", "a", "k1")]
     assert not watcher.resumed
+    await cache.aclose()
+
+
+async def test_each_tenants_events_are_numbered_on_their_own() -> None:
+    """A tenant's numbers move with its own events alone: another tenant's admits leave no
+    holes in them. A watcher of every tenant counts all of them together."""
+    journal = Journal()
+    cache = actor(journal)
+    mine, _ = await cache.watch(frozenset({"a"}), 0, capacity=10)
+    theirs, _ = await cache.watch(frozenset({"b"}), 0, capacity=10)
+    everyone, _ = await cache.watch(None, 0, capacity=10)
+    for tenant, key in (("a", "a1"), ("b", "b1"), ("b", "b2"), ("a", "a2"), ("b", "b3")):
+        await cache.get(key, value_of(10), tenant=tenant)
+    assert [(e.key, e.sequence) for e in await mine.next()] == [("a1", 1), ("a2", 2)]
+    assert [(e.key, e.sequence) for e in await theirs.next()] == [("b1", 1), ("b2", 2), ("b3", 3)]
+    assert [e.sequence for e in await everyone.next()] == [1, 2, 3, 4, 5]
+    # a new watcher of a is synced at a's count, whatever b did
+    again, _ = await cache.watch(frozenset({"a"}), 0, capacity=10)
+    assert (again.since, journal.sequence) == (2, 5)
+    await cache.aclose()
+
+
+async def test_a_tenant_resumes_in_its_own_count() -> None:
+    """Resuming from a tenant's number: exactly the tenant's events missed, numbered as before,
+    while the shared history still holds them all; a snapshot once it does not."""
+    journal = Journal(history=4)
+    cache = actor(journal)
+    await cache.get("a1", value_of(10), tenant="a")  # a's 1: the watcher saw it, then went
+    for tenant, key in (("b", "b1"), ("b", "b2"), ("a", "a2"), ("a", "a3")):
+        await cache.get(key, value_of(10), tenant=tenant)
+    watcher, missed = await cache.watch(frozenset({"a"}), 1, capacity=10)
+    assert watcher.resumed  # a1 has left the history, but it was seen: nothing a missed has
+    assert [(e.key, e.sequence) for e in missed] == [("a2", 2), ("a3", 3)]
+    assert watcher.since == 3
+    # every tenant's count resumes the same way, from its own number (b1 is the 2nd event)
+    _, everyone = await cache.watch(None, 2, capacity=10)
+    assert [(e.key, e.sequence) for e in everyone] == [("b2", 3), ("a2", 4), ("a3", 5)]
+    for key in ("b3", "b4", "b5"):  # b's events push a2 out of the history
+        await cache.get(key, value_of(10), tenant="b")
+    watcher, snapshot = await cache.watch(frozenset({"a"}), 1, capacity=10)
+    assert not watcher.resumed
+    assert {e.key for e in snapshot} == {"a1", "a2", "a3"}
+    assert {e.sequence for e in snapshot} == {3}
+    _, missed = await cache.watch(frozenset({"a"}), 2, capacity=10)  # a3 is still held
+    assert [(e.key, e.sequence) for e in missed] == [("a3", 3)]
+    await cache.aclose()
+
+
+async def test_an_abandoned_watcher_gives_its_slot_back() -> None:
+    """The service abandons a watcher whose reader took nothing for too long: it counts as one
+    gap, holds nothing more, and a new watcher may take its place."""
+    journal = Journal(max_watchers=1)
+    cache = actor(journal)
+    watcher, _ = await cache.watch(None, 0, capacity=10)
+    await cache.get("k1", value_of(10))
+    with pytest.raises(CacheOverloaded):
+        await cache.watch(None, 0, capacity=10)
+    watcher.abandon()
+    assert (journal.gaps, journal.watchers) == (1, set())
+    await cache.get("k2", value_of(10))
+    assert watcher.sent == 0
+    again, _ = await cache.watch(None, 0, capacity=10)
+    watcher.abandon()  # twice, or after a gap: still one gap
+    assert journal.gaps == 1
+    again.close()
     await cache.aclose()

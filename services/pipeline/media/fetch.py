@@ -10,6 +10,11 @@
                         ─▶ the body, decompressed, counted against max_image_bytes as it comes
     ─▶ the bytes, and from here the usual path by their digest (decode, encode, tiers, tenancy)
 
+A fetch runs while somebody waits for it, and no longer: each waiter's deadline is its own (the
+actor arms it), so a shared fetch lasts to the latest deadline of those still waiting, whoever
+started it; once the last waiter has left (cancelled, or past its deadline) the fetch is
+cancelled, its connection closed, and nothing is stored (``cancel_when_orphaned``).
+
 Refusals are UrlNotAllowed (PERMISSION_DENIED, the rule named, never an internal host's
 address); a fetch that fails is ImageFetchFailed (the upstream's status, never its body).
 """
@@ -28,7 +33,7 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
-from cache_actor import Outcome, TierUse
+from cache_actor import ComputeTimeout, Outcome, TierUse
 
 from ...config import MediaSettings
 from ...errors import ImageFetchFailed, UrlNotAllowed
@@ -71,6 +76,23 @@ def refused_kind(address: Address) -> str | None:
     ):
         if test:
             return kind
+    return None
+
+
+def url_problem(url: str) -> str | None:
+    """What makes a URL unusable as written (None: it parses, with a host name or address
+    that can be looked up), in mmgate's words: the parser's own errors name its internals."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        _ = parts.port
+    except ValueError:
+        return "not a valid URL (its host or port does not parse)"
+    try:
+        host.encode("idna")
+    except UnicodeError:
+        # an empty label ("a..b") or one over 63 characters: no resolver takes it
+        return "not a valid host name (an empty label, or one over 63 characters)"
     return None
 
 
@@ -129,14 +151,23 @@ class ImageFetcher:
                 with stage("fetch"):
                     lookup = await self.cache.get(
                         key,
-                        lambda: self._fetch(index, url, deadline),
+                        # no deadline of its own: the leader's would fail the followers who
+                        # wait longer; the waiters' deadlines bound it (see the module's doc)
+                        lambda: self._fetch(index, url),
                         tenant=tenant,
                         timeout=max(seconds_left(deadline), 0.001),
                         tier=FETCH_MEMORY,
+                        cancel_when_orphaned=True,
                     )
             except (UrlNotAllowed, ImageFetchFailed) as failed:
                 # a fetch another request started names its image: this one names its own
                 raise failed.at(index) from None
+            except ComputeTimeout:
+                # this caller's deadline (or the flight's compute deadline) passed first
+                self.stats.outcomes["timeout"] += 1
+                raise ImageFetchFailed(
+                    index, "timeout", "the fetch outlived the deadline"
+                ) from None
             outcome, _ = outcome_of(lookup)
             fetched: Fetched = lookup.value
             if outcome != Outcome.HIT.value:
@@ -151,19 +182,24 @@ class ImageFetcher:
 
     # ── one fetch ───────────────────────────────────────────────────────────────────────────
 
-    async def _fetch(self, index: int, url: str, deadline: float) -> Fetched:
+    async def _fetch(self, index: int, url: str) -> Fetched:
+        """One fetch, as a flight's computation: cancelled when nobody waits for it any more
+        (the actor does it), or by its one caller's deadline where the cache is bypassed."""
         started = time.perf_counter()
-        host = urlsplit(url).hostname or ""
+        host = "" if url_problem(url) else urlsplit(url).hostname or ""
         data, mime, status = b"", "", 0
         failure: UrlNotAllowed | ImageFetchFailed | None = None
         with span("media.fetch", {"mmgate.fetch.host": host}) as traced:
             try:
-                async with asyncio.timeout(seconds_left(deadline)):
-                    data, mime, status = await self._follow(index, url)
+                data, mime, status = await self._follow(index, url)
                 outcome = "fetched"
-            except TimeoutError:
-                outcome = "timeout"
-                failure = ImageFetchFailed(index, "timeout", "the fetch outlived the deadline")
+            except asyncio.CancelledError:
+                # nobody waits any more (every waiter left, or its one caller where the cache is
+                # bypassed), or the flight's compute deadline passed: the connection is closed
+                # (_follow's finally) and the span says why the fetch ended
+                if traced is not None:
+                    traced.set_attribute("mmgate.fetch.outcome", "cancelled")
+                raise
             except UrlNotAllowed as refused:
                 outcome, failure = "refused", refused
             except ImageFetchFailed as failed:
@@ -182,15 +218,45 @@ class ImageFetcher:
     async def _follow(self, index: int, url: str) -> tuple[bytes, str, int]:
         settings = self.settings
         for hop in range(settings.url_max_redirects + 1):
-            host, pinned = await self._checked(index, url, "a redirect's" if hop else "the")
+            host, pinned = await self._checked(index, url, _whose(hop))
             parts = urlsplit(url)
-            request = self._client.build_request(
+            request = self._request(index, hop, pinned, parts.netloc, host)
+            try:
+                response = await self._client.send(request, stream=True)
+                try:
+                    if response.status_code in _REDIRECTS and "location" in response.headers:
+                        url = _joined(index, url, response.headers["location"])
+                        continue
+                    body = await self._body(index, response)
+                    return body, _mime(response), response.status_code
+                finally:
+                    await response.aclose()
+            except httpx.InvalidURL:
+                # httpx reads a redirect's Location as it answers, before this code sees it
+                raise UrlNotAllowed(index, "url", "a redirect's URL is not valid") from None
+            except httpx.RemoteProtocolError as error:
+                if "location header" in str(error).lower():
+                    raise UrlNotAllowed(index, "url", "a redirect's URL is not valid") from None
+                raise ImageFetchFailed(
+                    index, "unavailable", f"could not fetch from {host}: {_what(error)}"
+                ) from None
+            except httpx.HTTPError as error:
+                kind = "timeout" if isinstance(error, httpx.TimeoutException) else "unavailable"
+                raise ImageFetchFailed(
+                    index, kind, f"could not fetch from {host}: {_what(error)}"
+                ) from None
+        raise UrlNotAllowed(index, "redirects", f"more than {settings.url_max_redirects} redirects")
+
+    def _request(self, index: int, hop: int, pinned: str, netloc: str, host: str) -> httpx.Request:
+        settings = self.settings
+        try:
+            return self._client.build_request(
                 "GET",
                 pinned,
                 # images are compressed already: an answer compressed again is refused, so
                 # nothing here inflates what a server sends (no compression bomb)
                 headers={
-                    "Host": parts.netloc,
+                    "Host": netloc,
                     "Accept": ", ".join(MIME_TYPES),
                     "Accept-Encoding": "identity",
                 },
@@ -200,26 +266,15 @@ class ImageFetcher:
                     settings.url_read_timeout_seconds, connect=settings.url_connect_timeout_seconds
                 ),
             )
-            try:
-                response = await self._client.send(request, stream=True)
-                try:
-                    if response.status_code in _REDIRECTS and "location" in response.headers:
-                        url = urljoin(url, response.headers["location"])
-                        continue
-                    body = await self._body(index, response)
-                    return body, _mime(response), response.status_code
-                finally:
-                    await response.aclose()
-            except httpx.HTTPError as error:
-                kind = "timeout" if isinstance(error, httpx.TimeoutException) else "unavailable"
-                raise ImageFetchFailed(
-                    index, kind, f"could not fetch from {host}: {_what(error)}"
-                ) from None
-        raise UrlNotAllowed(index, "redirects", f"more than {settings.url_max_redirects} redirects")
+        except httpx.InvalidURL:
+            raise UrlNotAllowed(index, "url", f"{_whose(hop)} URL is not valid") from None
 
     async def _checked(self, index: int, url: str, whose: str) -> tuple[str, str]:
         """(host, the URL with the checked address in place of the host); ``whose``: "the"
         URL's host or "a redirect's", as a refusal says (never naming the host or address)."""
+        problem = url_problem(url)
+        if problem is not None:
+            raise UrlNotAllowed(index, "url", f"{whose} URL is {problem}")
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
         if scheme not in self.settings.url_schemes:
@@ -286,6 +341,18 @@ class ImageFetcher:
         return bytes(body)
 
 
+def _whose(hop: int) -> str:
+    return "a redirect's" if hop else "the"
+
+
+def _joined(index: int, url: str, location: str) -> str:
+    """Where a redirect leads; one that does not parse is refused in mmgate's words."""
+    try:
+        return urljoin(url, location)
+    except ValueError:
+        raise UrlNotAllowed(index, "url", "a redirect's URL is not valid") from None
+
+
 def _key(url: str) -> str:
     """A URL's fetched bytes in the cache: the same for every model (they are the bytes)."""
     return cache_key("url", "fetch", {"url": url})
@@ -313,4 +380,4 @@ def _what(error: httpx.HTTPError) -> str:
     return "the connection broke"
 
 
-__all__ = ["FETCH_MEMORY", "Fetched", "ImageFetcher", "refused_kind"]
+__all__ = ["FETCH_MEMORY", "Fetched", "ImageFetcher", "refused_kind", "url_problem"]

@@ -195,8 +195,9 @@ class PixelsStage(MediaStage):
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         finally:
-            # on a failure or cancellation the others stop waiting; their flights go on in the
-            # actor and land in the cache for the next request
+            # on a failure or cancellation the others stop waiting; their decode and encode
+            # flights go on in the actor and land in the cache for the next request (a URL's
+            # fetch with no waiter left stops: fetch.py)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

@@ -87,6 +87,31 @@ async def test_two_adapters_and_the_base_model_in_one_batch(
         assert metrics.value("mmgate_adapter_generated_tokens_total", adapter=name) > 0
 
 
+async def test_more_adapters_at_once_than_slots_wait_their_turn(
+    adapters_server: RunningServer,
+) -> None:
+    """Two slots (MMGATE_ENGINE__MAX_LORAS=2) and four adapters served, two loaded at run
+    time: every adapter and the base model asked at once, twice over. On the CPU the null
+    adapter holds a slot vLLM's scheduler counts as free: three adapters in one step failed the
+    engine for every tenant (KeyError in its LoRA mapping). Each answer is its own alone."""
+    names = ("", "a1", "a2", "extra-a3", "extra-a1")
+    async with caller(adapters_server, "ops") as ops:
+        await ops.load_adapter("extra-a3", "a3")
+        await ops.load_adapter("extra-a1", "a1")
+        try:
+            alone = [await answer(ops, name, max_tokens=8) for name in names]
+            together = await asyncio.gather(
+                *(answer(ops, name, max_tokens=8) for name in names * 2)
+            )
+            after = await answer(ops)  # the engine still serves
+        finally:
+            await ops.unload_adapter("extra-a3")
+            await ops.unload_adapter("extra-a1")
+    assert after.text == alone[0].text
+    for batched, single in zip(together, alone * 2, strict=True):
+        assert batched.token_ids[:4] == single.token_ids[:4], (batched.text, single.text)
+
+
 async def test_unknown_and_forbidden_adapters_are_one_answer(
     adapters_server: RunningServer,
 ) -> None:

@@ -16,9 +16,11 @@ from services.wire import DRAINING, OVERLOADED
 from tests.support import eventually
 
 
-def admission(limit: int = 4, tenants: frozenset[str] = frozenset({"a", "b"})) -> Admission:
-    settings = Settings(max_concurrent_requests=limit)
-    return Admission(limit, TenantQuotas(settings, lambda: tenants))
+def admission(
+    limit: int = 4, tenants: frozenset[str] = frozenset({"a", "b"}), reserve: int = 0
+) -> Admission:
+    settings = Settings(max_concurrent_requests=limit, admin_reserve=reserve)
+    return Admission(limit, TenantQuotas(settings, lambda: tenants), reserve)
 
 
 def test_a_call_is_counted_until_its_block_ends_however_it_ends() -> None:
@@ -52,6 +54,19 @@ def test_the_servers_limit_then_a_tenants_share() -> None:
                 OVERLOADED,
             )
     # a refusal counted nothing
+    assert (gate.active, gate.by_tenant) == (0, {})
+
+
+def test_the_admins_reserve_is_theirs_alone() -> None:
+    gate = admission(limit=6, reserve=2)  # two tenants: (6 - 2) / 2 = a share of 2 each
+    with gate.enter("a"), gate.enter("a"), gate.enter("b"), gate.enter("b"):
+        with pytest.raises(ServiceError) as caught:
+            gate.enter("c").__enter__()  # a third tenant: the rest is the admins'
+        assert caught.value.reason == OVERLOADED
+        with gate.enter("ops", admin=True), gate.enter("ops", admin=True):
+            assert gate.active == 6
+            with pytest.raises(ServiceError):
+                gate.enter("ops", admin=True).__enter__()  # the server's limit holds for all
     assert (gate.active, gate.by_tenant) == (0, {})
 
 

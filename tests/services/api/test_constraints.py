@@ -24,7 +24,7 @@ from services.proto.mmgate.v1 import inference_pb2 as pb
 from tests.services.imagegen import png
 from tests.services.prom import scrape, scrape_until
 from tests.services.statuses import violated_fields
-from tests.support import RunningServer
+from tests.support import RunningServer, slow_schema
 
 # every instance fits in 100 tokens: bounded strings, numbers and arrays
 RECORD = {
@@ -143,7 +143,7 @@ def nested(depth: int) -> dict[str, Any]:
             "the limit is 65536",
         ),
         ({"json_schema": {"type": "color"}}, "sampling.json_schema", 'Unsupported type "color"'),
-        ({"json_schema": nested(80)}, "sampling.json_schema", "nested too deeply"),
+        ({"json_schema": nested(80)}, "sampling.json_schema", "levels deep"),
         ({"regex": "(unclosed"}, "sampling.regex", "parenthesis is not closed"),
         ({"regex": "a\x00b"}, "sampling.regex", "NUL"),
         ({"grammar": "root ::= undefined_rule"}, "sampling.grammar", "Invalid grammar"),
@@ -171,15 +171,7 @@ async def test_a_schema_slow_to_compile_is_cut_at_its_deadline_while_others_are_
     # Sixty strings of distinct length bounds, 5 KB: seconds of grammar compilation in the engine
     # (xgrammar alone, 0.8 s a property here; ten were compiled within the 2 s deadline, 400 took
     # over a minute). Names of its own, as the engine keeps compiled grammars.
-    names = [f"{uuid.uuid4().hex[:6]}{i}" for i in range(60)]
-    slow = {
-        "type": "object",
-        "properties": {
-            name: {"type": "string", "minLength": i % 7, "maxLength": 900 + i}
-            for i, name in enumerate(names)
-        },
-        "required": names,
-    }
+    slow = slow_schema(60)
     assert len(json.dumps(slow)) < 65_536
     before = (await scrape(server.metrics_url)).total("mmgate_event_loop_blocks_total")
     request = build_request(

@@ -55,6 +55,9 @@ async def fair_server(
         MMGATE_ENGINE__MAX_NUM_SEQS=str(SLOTS),
         MMGATE_MAX_CONCURRENT_REQUESTS="128",
         MMGATE_TENANTS__MAX_CONCURRENT_REQUESTS=str(SHARE),
+        # the fair order alone: every slot to whoever waits (the newcomers' slot is
+        # tests/reliability/test_tenants.py's)
+        MMGATE_TENANTS__NEWCOMER_SLOTS="0",
         MMGATE_TENANTS__SCHEDULING=json.dumps(
             {"heavy": {"weight": 3}, "mixed": {"priority": 10, "max_priority": 10}}
         ),

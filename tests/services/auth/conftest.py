@@ -79,6 +79,10 @@ def token_server(
         # two tenants configured: each gets half of these by default (a cache budget of 1 MiB
         # a tenant: about a hundred images fill it, so the watch test sees evictions)
         MMGATE_MAX_CONCURRENT_REQUESTS="8",
+        # Cache.Watch's bounds where a test reaches them: 4 watchers a tenant (the default) of
+        # 8, and a watcher whose client reads nothing ended after 2 s (test_cache_watch.py)
+        MMGATE_CACHE__MAX_WATCHERS="8",
+        MMGATE_CACHE__WATCH_IDLE_SECONDS="2",
         MMGATE_CACHE__MAX_BYTES=str(2 * MiB),
         MMGATE_REDIS__URL=tenants_redis.url,
         MMGATE_ENGINE__MAX_MODEL_LEN="2048",

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from services.api.auth import token_digest
-from services.client import Credentials
+from services.client import Credentials, MmgateClient
 from tests.support import RunningServer
 from tests.tls_support import CertificateAuthority, Issued
 
@@ -52,6 +52,18 @@ TOKEN_GRANTS: dict[str, object] = {
 def as_tenant(pki: Pki, name: str) -> Credentials:
     """token_server's caller ``name`` ("alpha", "beta", "ops")."""
     return Credentials(token=TOKENS[name], tls_ca=pki.ca.issued.cert)
+
+
+async def served_as(target: str, credentials: Credentials, tenant: str) -> bool:
+    """Whether ``credentials`` are known to the server at ``target`` as ``tenant``'s (a tokens
+    file reloads within a moment: a test waits for it with ``eventually``)."""
+    async with MmgateClient(target, credentials=credentials, timeout=60.0) as client:
+        try:
+            return (await client.stats()).tenant == tenant
+        except grpc.aio.AioRpcError as error:
+            if error.code() != grpc.StatusCode.UNAUTHENTICATED:
+                raise
+            return False
 
 
 def with_cert(pki: Pki, cert: Issued | None) -> Credentials:

@@ -1,7 +1,9 @@
 """Cache.Watch on a real server (the tiny LLaVA, token auth over TLS, tenants alpha, beta and ops,
 an admin): a tenant's watcher sees its images admitted, evicted under its budget's pressure and
 invalidated; another tenant's watcher sees none of it; a watcher that resumes from the last
-sequence number it saw gets exactly the events it missed; an admin may watch everyone."""
+sequence number it saw gets exactly the events it missed; an admin may watch everyone. Each
+tenant's events are numbered on their own (another tenant's activity moves nothing of its count),
+a tenant holds at most its share of the watchers, and a watcher that reads nothing is ended."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import grpc
 import pytest
 
 from services.client import MmgateClient
+from services.client.credentials import channel_options
 from services.proto.mmgate.v1 import cache_pb2
 from tests.services.auth.support import TOKENS, Pki, as_tenant
 from tests.services.imagegen import png
@@ -25,6 +28,11 @@ from tests.support import RunningServer
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 WAIT = 30.0  # seconds for an event that is due
+# conftest.py's token_server: MMGATE_CACHE__MAX_WATCHERS, MMGATE_CACHE__WATCH_IDLE_SECONDS
+MAX_WATCHERS, PER_TENANT, IDLE_SECONDS = 8, 4, 2
+# a client that reads nothing takes what HTTP/2 flow control lets in: without BDP probing and
+# with a small lookahead, about a kilobyte, so the server's writes to it soon wait
+NO_READER = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1024)]
 
 
 def tenant(server: RunningServer, pki: Pki, name: str) -> MmgateClient:
@@ -84,6 +92,19 @@ async def watching(
 
 def kinds(events: list[cache_pb2.WatchEvent]) -> list[tuple[str, str, str]]:
     return [(e.kind, e.tenant, e.digest or e.key) for e in events]
+
+
+def live(watch: Watching) -> list[cache_pb2.WatchEvent]:
+    """The events after its "synced"."""
+    synced = next(n for n, e in enumerate(watch.seen) if e.kind == "synced")
+    return watch.seen[synced + 1 :]
+
+
+def numbered_on(watch: Watching) -> None:
+    """Its live events are numbered one after another from its "synced": no holes."""
+    synced = next(e for e in watch.seen if e.kind == "synced")
+    numbers = [e.sequence for e in live(watch)]
+    assert numbers == list(range(synced.sequence + 1, synced.sequence + 1 + len(numbers)))
 
 
 async def test_a_tenants_watcher_sees_its_admits_evictions_and_invalidations(
@@ -147,17 +168,6 @@ async def test_a_tenants_watcher_sees_its_admits_evictions_and_invalidations(
                     pass
             assert refused.value.code() == code, options
             assert "alpha" not in (refused.value.details() or "")
-        # watchers are bounded (16): one more is refused, the others go on
-        extra = [Watching(beta.watch(timeout=300.0)) for _ in range(16 - 3)]
-        for one in extra:
-            await one.until("synced")
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            async with watching(beta):
-                pass
-        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "watchers" in (refused.value.details() or "")
-        for one in extra:
-            await one.close()
         held = await alpha.prefetch(png(7700))
         await mine.until("admit", held.digest)
         metrics = await scrape(token_server.metrics_url)
@@ -198,3 +208,141 @@ async def test_the_command_line_view_shows_a_tenants_entries(
     assert any(f"held       image     beta         {held.digest}" in line for line in entries)
     assert all(line.split()[1:4] == ["held", "image", "beta"] for line in entries)
     assert synced.split()[1] == "synced"
+
+
+async def read_to_end(
+    stream: AsyncIterator[cache_pb2.WatchEvent], into: list[cache_pb2.WatchEvent]
+) -> None:
+    async for event in stream:
+        into.append(event)
+
+
+async def test_a_tenants_sequence_numbers_count_its_own_events_alone(
+    token_server: RunningServer, pki: Pki
+) -> None:
+    """beta's admits move nothing of alpha's count (they would tell alpha how busy beta is);
+    resuming from a number of alpha's count still works across them. The admin's watch of
+    every tenant counts all their events together."""
+    async with (
+        tenant(token_server, pki, "alpha") as alpha,
+        tenant(token_server, pki, "beta") as beta,
+        tenant(token_server, pki, "ops") as ops,
+        watching(alpha) as mine,
+        watching(beta) as theirs,
+        watching(ops, all_tenants=True) as everyone,
+    ):
+        start = mine.seen[-1].sequence  # synced: alpha's count now
+        for n in range(3):
+            held = await beta.prefetch(png(8000 + n))
+            await theirs.until("admit", held.digest)
+        async with watching(alpha) as again:
+            assert again.seen[-1].sequence == start  # beta's admits: not a number of alpha's
+        held = await alpha.prefetch(png(8010))
+        await mine.until("admit", held.digest)
+        assert [e.tenant for e in live(mine)] == ["alpha"] * len(live(mine))
+        assert live(mine)[0].sequence == start + 1
+        last = live(mine)[-1].sequence
+
+        # alpha resumes from its own number, beta busy meanwhile: exactly what alpha missed
+        held = await beta.prefetch(png(8003))
+        await theirs.until("admit", held.digest)
+        held = await alpha.prefetch(png(8011))
+        await mine.until("admit", held.digest)
+        await everyone.until("admit", held.digest)
+        async with watching(alpha, since=last) as resumed:
+            replayed = [e for e in resumed.seen if e.kind != "synced"]
+            assert not resumed.seen[-1].snapshot
+            assert resumed.seen[-1].sequence == live(mine)[-1].sequence
+        assert kinds(replayed) == kinds([e for e in live(mine) if e.sequence > last])
+        assert [e.sequence for e in replayed] == list(range(last + 1, last + 1 + len(replayed)))
+
+        for watch in (mine, theirs, everyone):
+            numbered_on(watch)
+        assert {e.tenant for e in live(everyone)} == {"alpha", "beta"}
+
+
+async def test_a_tenant_holds_at_most_its_share_of_the_watchers(
+    token_server: RunningServer, pki: Pki
+) -> None:
+    """alpha's watchers, unread, up to its share: one more is refused, while beta and the admin
+    still watch; the server's bound holds over all of them."""
+    async with (
+        tenant(token_server, pki, "alpha") as alpha,
+        tenant(token_server, pki, "beta") as beta,
+        tenant(token_server, pki, "ops") as ops,
+    ):
+        opened: list[Watching] = []
+        try:
+            for client in [alpha] * PER_TENANT + [beta] * PER_TENANT:
+                opened.append(Watching(client.watch(timeout=300.0)))
+                await opened[-1].until("synced")
+                if len(opened) == PER_TENANT:
+                    with pytest.raises(grpc.aio.AioRpcError) as refused:
+                        async with watching(alpha):
+                            pass
+                    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    assert f"alpha has {PER_TENANT} cache watchers" in str(refused.value.details())
+                    async with watching(ops, all_tenants=True), watching(beta):
+                        pass  # the others are served
+            assert len(opened) == MAX_WATCHERS
+            # the server's bound: the admin's share is free, the server's is not
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                async with watching(ops, all_tenants=True):
+                    pass
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert f"{MAX_WATCHERS} cache watchers already" in str(refused.value.details())
+            await opened.pop(0).close()  # alpha gives one back: the admin's turn
+            async with watching(ops, all_tenants=True):
+                pass
+        finally:
+            for one in opened:
+                await one.close()
+
+
+async def test_a_watcher_that_reads_nothing_is_ended(token_server: RunningServer, pki: Pki) -> None:
+    """A client that stops reading: once the server's writes to it have waited
+    MMGATE_CACHE__WATCH_IDLE_SECONDS, its slot is given back, counted as a gap, and its stream
+    ends, after what it was sent, with RESOURCE_EXHAUSTED in mmgate's words."""
+    credentials = as_tenant(pki, "alpha")
+    channel = grpc.aio.secure_channel(
+        token_server.target,
+        credentials.channel_credentials(),
+        options=[*channel_options(retries=False), *NO_READER],
+    )
+    async with (
+        tenant(token_server, pki, "alpha") as alpha,
+        MmgateClient(token_server.target, credentials=credentials, channel=channel) as reader,
+    ):
+        stream = reader.watch(timeout=300.0)
+        try:
+            synced = await anext(stream)
+            while synced.kind != "synced":
+                synced = await anext(stream)
+            before = await scrape(token_server.metrics_url)
+            watchers = before.value("mmgate_cache_watchers")
+            # alpha's images until the writes to the reader wait, then the idle limit more
+            async with asyncio.timeout(WAIT):
+                seed = 8200
+                while (await scrape(token_server.metrics_url)).value(
+                    "mmgate_cache_watchers"
+                ) == watchers:
+                    await alpha.prefetch(png(seed))
+                    seed += 1
+            after = await scrape(token_server.metrics_url)
+            assert after.value("mmgate_cache_watchers") == watchers - 1
+            assert (
+                after.value("mmgate_cache_watch_gaps_total")
+                == before.value("mmgate_cache_watch_gaps_total") + 1
+            )
+            # what it was sent arrives when it reads again, numbered without holes; then the end
+            sent: list[cache_pb2.WatchEvent] = []
+            with pytest.raises(grpc.aio.AioRpcError) as ended:
+                await asyncio.wait_for(read_to_end(stream, sent), WAIT)
+            assert ended.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert f"read nothing for {IDLE_SECONDS} s" in str(ended.value.details())
+            assert sent
+            assert all(e.tenant == "alpha" and e.kind != "gap" for e in sent)
+            numbers = [e.sequence for e in sent]
+            assert numbers == list(range(synced.sequence + 1, synced.sequence + 1 + len(sent)))
+        finally:
+            await stream.aclose()

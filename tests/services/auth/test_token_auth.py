@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Awaitable
 from pathlib import Path
 
 import grpc
@@ -15,7 +16,15 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from services.client import Credentials, MmgateClient, error_reason
 from services.proto.mmgate.v1 import cache_pb2
 from services.wire import TENANT_HEADER
-from tests.services.auth.support import TOKEN_GRANTS, TOKENS, Pki, as_tenant, refused, write_tokens
+from tests.services.auth.support import (
+    TOKEN_GRANTS,
+    TOKENS,
+    Pki,
+    as_tenant,
+    refused,
+    served_as,
+    write_tokens,
+)
 from tests.support import RunningServer, eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -106,14 +115,8 @@ async def test_tokens_reload_when_the_file_changes_and_on_sighup(
 ) -> None:
     gamma = Credentials(token="gamma-token-5e0a", tls_ca=pki.ca.issued.cert)
 
-    async def gamma_served() -> bool:
-        async with client(token_server, gamma) as c:
-            try:
-                return (await c.stats()).tenant == "gamma"
-            except grpc.aio.AioRpcError as error:
-                if error.code() != grpc.StatusCode.UNAUTHENTICATED:
-                    raise
-                return False
+    def gamma_served() -> Awaitable[bool]:
+        return served_as(token_server.target, gamma, "gamma")
 
     assert not await gamma_served()
     try:

@@ -1,5 +1,7 @@
 """The image URL guard's address rules and settings, without a network: each kind of address an
-SSRF aims at, in its IPv4 and IPv6 forms; the allow-list's entries checked at start.
+SSRF aims at, in its IPv4 and IPv6 forms; the allow-list's entries checked at start. How long a
+shared fetch lasts (its waiters' deadlines, not its leader's) and that it stops once nobody waits,
+with the host's side held in a future.
 
 The fetch itself (pinning, redirects, caps, coalescing) runs against real HTTPS servers in
 tests/services/pipeline/test_image_urls.py."""
@@ -15,8 +17,10 @@ import pytest
 
 from cache_actor import CacheActor
 from services.config import MediaSettings
+from services.errors import ImageFetchFailed
 from services.pipeline.cache_front import CacheFront
 from services.pipeline.media.fetch import Fetched, ImageFetcher, refused_kind
+from tests.support import until
 
 
 @pytest.mark.parametrize(
@@ -69,7 +73,7 @@ async def test_in_degraded_mode_each_request_fetches_for_itself() -> None:
     fetcher = ImageFetcher(MediaSettings(), cache)
     urls: list[str] = []
 
-    async def fetch_once(index: int, url: str, deadline: float) -> Fetched:
+    async def fetch_once(index: int, url: str) -> Fetched:
         urls.append(url)
         return Fetched(b"bytes", "image/png", time.monotonic())
 
@@ -90,7 +94,7 @@ async def test_bytes_older_than_the_freshness_window_are_fetched_anew() -> None:
     fetcher = ImageFetcher(MediaSettings(url_fresh_seconds=0), cache)
     stamps = iter((100.0, 200.0))
 
-    async def fetch_once(index: int, url: str, deadline: float) -> Fetched:
+    async def fetch_once(index: int, url: str) -> Fetched:
         return Fetched(b"bytes", "image/png", next(stamps))
 
     fetcher._fetch = fetch_once  # type: ignore[method-assign]
@@ -99,5 +103,74 @@ async def test_bytes_older_than_the_freshness_window_are_fetched_anew() -> None:
     again = await fetcher.fetch(0, "https://a.test/x.png", "t", deadline)
     assert (first.fetched_at, again.fetched_at) == (100.0, 200.0)  # stale: fetched again
     assert fetcher.stats.outcomes == {"miss": 2}
+    await fetcher.aclose()
+    await cache.aclose()
+
+
+class Host:
+    """``ImageFetcher._follow`` held until the test answers: counts its calls, and notices
+    being cancelled (what closes the connection in the real one)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.answer = asyncio.Event()
+        self.asked = asyncio.Event()
+        self.cancelled = asyncio.Event()
+
+    async def __call__(self, index: int, url: str) -> tuple[bytes, str, int]:
+        self.calls += 1
+        self.asked.set()
+        try:
+            await self.answer.wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        return b"bytes", "image/png", 200
+
+
+async def test_a_shared_fetch_lasts_to_its_longest_waiter_not_its_leader() -> None:
+    cache = CacheFront(CacheActor)
+    cache.start()
+    fetcher = ImageFetcher(MediaSettings(), cache)
+    fetcher._follow = host = Host()  # type: ignore[method-assign]
+    url = "https://a.test/x.png"
+    leader = asyncio.ensure_future(fetcher.fetch(0, url, "t", time.monotonic() + 0.2))
+    await host.asked.wait()
+    follower = asyncio.ensure_future(fetcher.fetch(1, url, "t", time.monotonic() + 30))
+    await until(lambda: cache.stats().waiters == 2)
+    await asyncio.wait([leader])  # its deadline passes: it alone leaves
+    host.answer.set()  # the host answers only now
+    assert (await follower).data == b"bytes"  # once: "the fetch outlived the deadline"
+    late = leader.exception()
+    assert isinstance(late, ImageFetchFailed)
+    assert (late.kind, late.index) == ("timeout", 0)
+    assert not host.cancelled.is_set()
+    assert host.calls == 1
+    assert fetcher.stats.outcomes == {"timeout": 1, "coalesced": 1}
+    await fetcher.aclose()
+    await cache.aclose()
+
+
+@pytest.mark.parametrize("leaves", ["cancelled", "deadline"])
+async def test_a_fetch_nobody_waits_for_stops_and_stores_nothing(leaves: str) -> None:
+    cache = CacheFront(CacheActor)
+    cache.start()
+    fetcher = ImageFetcher(MediaSettings(), cache)
+    fetcher._follow = host = Host()  # type: ignore[method-assign]
+    url = "https://a.test/x.png"
+    deadline = time.monotonic() + (30 if leaves == "cancelled" else 0.2)
+    callers = [asyncio.ensure_future(fetcher.fetch(0, url, "t", deadline)) for _ in range(2)]
+    await until(lambda: cache.stats().waiters == 2)
+    await host.asked.wait()
+    if leaves == "cancelled":
+        for caller in callers:
+            caller.cancel()
+    results = await asyncio.gather(*callers, return_exceptions=True)
+    assert all(isinstance(r, asyncio.CancelledError | ImageFetchFailed) for r in results)
+    async with asyncio.timeout(5):
+        await host.cancelled.wait()  # the last one gone: the fetch is cancelled at once
+    await until(lambda: cache.stats().flights == 0)
+    assert cache.stats().entries == 0
+    assert host.calls == 1
     await fetcher.aclose()
     await cache.aclose()

@@ -3,7 +3,9 @@ servers on loopback, the allowed one on 127.0.0.2 (the only address allow-listed
 one on 127.0.0.3; the names they answer to map to their addresses through a resolver the test
 hands the server's fetcher (the one injection: nothing else is faked).
 
-One fetch for sixteen requests at once; every refusal of the guard (a redirect to loopback or to
+One fetch for sixteen requests at once; a shared fetch lasting to its longest waiter's deadline,
+not its leader's, and stopping (its connection closed, nothing stored) once nobody waits; every
+refusal of the guard (a redirect to loopback or to
 the metadata address, a name resolving to a private or internal address, http, credentials)
 without the internal server ever contacted; every failing fetch (too large with or without a
 length, compressed, an image bomb, a stall past the deadline, a 404, not an image) its own
@@ -16,7 +18,9 @@ import subprocess
 import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import grpc
 import pytest
@@ -57,9 +61,24 @@ def gate() -> threading.Event:
     return threading.Event()
 
 
+@dataclass
+class Held:
+    """What the slow routes wait on, and what they tell: threads of the host, so threading's."""
+
+    slow: threading.Event = field(default_factory=threading.Event)  # /slow.png answers
+    stop: threading.Event = field(default_factory=threading.Event)  # /drip-*.png end
+    # a /drip-*.png answer ended: its client closed the connection (or the module ended)
+    drip_closed: threading.Event = field(default_factory=threading.Event)
+
+
+@pytest.fixture(scope="module")
+def held() -> Held:
+    return Held()
+
+
 @pytest.fixture(scope="module")
 def hosts(
-    image_hosts_cert: tuple[Path, Issued], gate: threading.Event
+    image_hosts_cert: tuple[Path, Issued], gate: threading.Event, held: Held
 ) -> Iterator[tuple[ImageHost, ImageHost]]:
     cert = image_hosts_cert[1]
     internal = ImageHost("127.0.0.3", cert, {"/secret.png": image(CAT)})
@@ -78,6 +97,24 @@ def hosts(
         gate_stall.wait(timeout=30)
         return 200, {"Content-Type": "image/png"}, CAT
 
+    def slow() -> Answer:
+        held.slow.wait(timeout=30)  # until its first caller's deadline has passed
+        return 200, {"Content-Type": "image/png"}, png(3105)
+
+    def drip() -> Answer:
+        """An image that never ends: a KiB at a time until its client hangs up."""
+
+        def chunks() -> Iterator[bytes]:
+            try:
+                yield b"\x89PNG\r\n\x1a\n"
+                while not held.stop.wait(0.02):  # the drip's pace, not the test's sequence
+                    yield b"\0" * 1024
+            finally:  # the host's write failed (the connection is closed) or the module ended
+                held.drip_closed.set()
+
+        # the host writes the chunks as it iterates them: a generator drips them
+        return 200, {"Content-Type": "image/png"}, cast(list[bytes], chunks())
+
     gate_stall = threading.Event()
     allowed = ImageHost(
         "127.0.0.2",
@@ -92,6 +129,11 @@ def hosts(
             "/to-metadata-https": redirect("https://169.254.169.254/latest/meta-data/"),
             "/to-127.0.0.1": redirect(f"https://127.0.0.1:{internal.port}/secret.png"),
             "/to-internal-ip": redirect(f"https://127.0.0.3:{internal.port}/secret.png"),
+            # redirects that do not parse: once INTERNAL "internal error: ValueError" with a
+            # traceback in the log
+            "/to-unclosed-ipv6": redirect("https://[::1/x.png"),
+            "/to-empty-label": redirect("https://a..b/x.png"),
+            "/to-backslashes": redirect(f"http:\\\\127.0.0.3:{internal.port}/secret.png"),
             "/large-unsaid.png": endless,
             "/large-said.png": lambda: (
                 200,
@@ -106,12 +148,17 @@ def hosts(
             ),
             "/bomb.png": image(png_bomb()),
             "/stall.png": stalled,
+            "/slow.png": slow,
+            "/drip-cancelled.png": drip,
+            "/drip-deadline.png": drip,
             "/page.html": lambda: (200, {"Content-Type": "text/html"}, b"<html></html>"),
         },
     )
     yield allowed, internal
     gate.set()
     gate_stall.set()
+    held.slow.set()
+    held.stop.set()
     allowed.stop()
     internal.stop()
 
@@ -171,6 +218,89 @@ async def test_sixteen_requests_for_one_url_share_one_fetch(
     assert {a.final.cache.images[0].digest for a in answers} == {digest_of(png(3102))}
 
 
+async def test_a_shared_fetch_lasts_to_its_longest_waiter_not_its_leader(
+    server: MmgateServer, client: MmgateClient, hosts: tuple[ImageHost, ImageHost], held: Held
+) -> None:
+    """The request that started a fetch leaves at its short deadline; one that joined it with a
+    long deadline still gets the image, from the same fetch (once "the fetch outlived the
+    deadline" at the leader's deadline, for both)."""
+    allowed, _ = hosts
+    url = allowed.url("/slow.png", "images.test")
+    stage = server.pipelines.get().media
+    assert isinstance(stage, EmbeddingsStage)
+    before = dict(stage.fetcher.stats.outcomes)
+    leader = asyncio.ensure_future(client.complete_request(ask(url), timeout=2.5))  # type: ignore[arg-type]
+
+    async def fetching() -> bool:
+        return allowed.hits["/slow.png"] == 1
+
+    await eventually(fetching, timeout=10.0)
+    follower = asyncio.ensure_future(client.complete_request(ask(url), timeout=60.0))  # type: ignore[arg-type]
+
+    async def joined() -> bool:
+        return server.cache.stats().waiters == 2
+
+    await eventually(joined, timeout=2.0)
+    with pytest.raises(grpc.aio.AioRpcError) as late:
+        await leader
+    assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    held.slow.set()  # the host answers only now, past the leader's deadline
+    answer = await follower
+    assert answer.final.cache.images[0].digest == digest_of(png(3105))
+    assert allowed.hits["/slow.png"] == 1
+    after = stage.fetcher.stats.outcomes
+    assert after["miss"] - before.get("miss", 0) == 0  # the leader never got the bytes
+    assert after["coalesced"] - before.get("coalesced", 0) == 1
+
+
+@pytest.mark.parametrize("leaves", ["cancelled", "deadline"])
+async def test_a_fetch_nobody_waits_for_stops_and_stores_nothing(
+    server: MmgateServer,
+    client: MmgateClient,
+    hosts: tuple[ImageHost, ImageHost],
+    held: Held,
+    leaves: str,
+) -> None:
+    """Its only caller cancels (or its deadline passes) while the host is still sending: the
+    fetch stops at once, the host sees its connection closed, and nothing is stored (once it
+    went on to the caller's deadline, holding the connection, and stored the bytes for
+    nobody)."""
+    allowed, _ = hosts
+    path = f"/drip-{leaves}.png"
+    url = allowed.url(path, "images.test")
+    key = cache_key("url", "fetch", {"url": url})
+    held.drip_closed.clear()
+    call = asyncio.ensure_future(
+        client.complete_request(ask(url), timeout=60.0 if leaves == "cancelled" else 2.0)  # type: ignore[arg-type]
+    )
+
+    async def dripping() -> bool:
+        return allowed.hits[path] == 1 and (await server.cache.inspect(key)).state == "in_flight"
+
+    await eventually(dripping, timeout=10.0)
+    assert not held.drip_closed.is_set()
+    if leaves == "cancelled":
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    else:
+        with pytest.raises(grpc.aio.AioRpcError) as late:
+            await call
+        assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+    async def hung_up() -> bool:
+        return held.drip_closed.is_set()
+
+    await eventually(hung_up, timeout=5.0)
+
+    async def settled() -> bool:
+        return (await server.cache.inspect(key)).state == "absent"
+
+    await eventually(settled, timeout=5.0)
+    assert server.cache.stats().flights == 0
+    assert allowed.hits[path] == 1
+
+
 async def test_a_url_and_its_bytes_answer_alike(
     client: MmgateClient, hosts: tuple[ImageHost, ImageHost]
 ) -> None:
@@ -191,6 +321,9 @@ async def test_a_url_and_its_bytes_answer_alike(
         ("/to-metadata-https", "address"),
         ("/to-127.0.0.1", "address"),
         ("/to-internal-ip", "address"),
+        ("/to-unclosed-ipv6", "url"),
+        ("/to-empty-label", "url"),
+        ("/to-backslashes", "url"),
         ("internal", "address"),  # a name that resolves to the internal host
         ("private", "address"),  # a name that resolves to a private address
         ("http", "scheme"),

@@ -18,8 +18,15 @@ from tests.support import Clock
 pytestmark = pytest.mark.asyncio
 
 
-def queue(slots: int | None = 2, **scheduling: dict[str, int | float]) -> EngineQueue:
-    return EngineQueue(slots, TenantSettings(scheduling=scheduling), Clock())
+def queue(
+    slots: int | None = 2,
+    newcomers: int = 0,
+    alternatives: int | None = None,
+    **scheduling: dict[str, int | float],
+) -> EngineQueue:
+    """The fair order alone by default: no slot kept for newcomers, no bound on alternatives."""
+    tenants = TenantSettings(scheduling=scheduling, newcomer_slots=newcomers)
+    return EngineQueue(slots, tenants, Clock(), alternatives=alternatives)
 
 
 def clock_of(q: EngineQueue) -> Clock:
@@ -42,9 +49,11 @@ class Runs:
         self.slots: dict[str, Slot] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
 
-    def start(self, name: str, tenant: str, priority: int = 0, cost: int = 1) -> None:
+    def start(
+        self, name: str, tenant: str, priority: int = 0, cost: int = 1, alternatives: int = 0
+    ) -> None:
         async def wait() -> None:
-            self.slots[name] = await self.q.acquire(tenant, priority, cost)
+            self.slots[name] = await self.q.acquire(tenant, priority, cost, alternatives)
             self.granted.append(name)
 
         self.tasks[name] = asyncio.ensure_future(wait())
@@ -300,6 +309,81 @@ async def test_a_newcomer_takes_the_next_free_slot_whatever_the_runs_were_charge
     runs.end("a0", after=0.2)
     await settle()
     assert runs.granted[-1] == "b", runs.granted
+
+
+async def test_a_tenant_that_runs_leaves_the_newcomers_slot_free() -> None:
+    """The probe's case: A's long runs would hold every slot, and B would wait the length of a
+    run. A leaves one slot free; B takes it at once; C, the next newcomer, waits for the first
+    slot A's runs free, which the fair order gives it before A."""
+    q = queue(slots=4, newcomers=1)
+    runs = Runs(q)
+    for i in range(8):
+        runs.start(f"a{i}", "a")
+    await settle()
+    assert runs.granted == ["a0", "a1", "a2"]
+    assert q.in_use == 3
+    runs.start("b", "b")
+    await settle()
+    assert runs.granted[-1] == "b"
+    runs.start("c", "c")
+    await settle()
+    assert runs.granted[-1] == "b"  # the newcomers' slot is taken: C waits for a run to end
+    runs.end("a0")
+    await settle()
+    assert runs.granted[-1] == "c"
+    runs.end("b")  # B ran and left: its slot is the newcomers' again, not A's
+    await settle()
+    assert q.in_use == 3
+    assert runs.granted[-1] == "c"
+
+
+async def test_a_tenant_alone_leaves_only_the_newcomers_slots_free() -> None:
+    q = queue(slots=4, newcomers=2)
+    runs = Runs(q)
+    for i in range(6):
+        runs.start(f"a{i}", "a")
+    await settle()
+    assert runs.granted == ["a0", "a1"]
+    assert queue(slots=1, newcomers=1).reserve == 0  # one slot: it is everybody's
+
+
+async def test_a_newcomer_needing_more_slots_than_are_kept_waits_as_before() -> None:
+    q = queue(slots=4, newcomers=1)
+    runs = Runs(q)
+    for i in range(4):
+        runs.start(f"a{i}", "a")
+    await settle()
+    runs.start("big", "b", cost=2)
+    await settle()
+    assert "big" not in runs.granted
+    runs.end("a0")
+    await settle()
+    assert runs.granted[-1] == "big"
+
+
+async def test_runs_beyond_the_alternatives_wait_and_other_tenants_runs_pass_them() -> None:
+    q = queue(slots=8, alternatives=100)
+    runs = Runs(q)
+    runs.start("lp1", "a", alternatives=84)  # n=4, 20 alternatives
+    runs.start("lp2", "a", alternatives=84)
+    runs.start("lp3", "b", alternatives=84)
+    runs.start("own", "b")  # within a tenant the order stays: behind B's own run
+    runs.start("plain", "c")
+    await settle()
+    assert runs.granted == ["lp1", "plain"]
+    assert q.alternatives_in_use == 84
+    runs.end("lp1")
+    await settle()
+    # B's usage is the least: its run goes before A's second, then its own plain one
+    assert runs.granted[-2:] == ["lp3", "own"]
+    runs.end("lp3")
+    await settle()
+    assert runs.granted[-1] == "lp2"
+    runs.end("lp2")
+    assert q.alternatives_in_use == 0
+    huge = await q.acquire("a", 0, 1, 10_000)  # beyond the bound alone: it runs alone
+    assert q.alternatives_in_use == 10_000
+    q.release(huge)
 
 
 async def test_a_run_that_waited_has_a_queue_span_with_its_wait() -> None:

@@ -16,7 +16,7 @@ import pytest
 from cache_actor import CacheActor, CacheConfig, Outcome, TierUse
 from services.config import RedisSettings
 from services.engine.values import seal, seal_json, unseal_json
-from services.storage.redis_tier import RedisTier, redis_address, redis_client
+from services.storage.redis_tier import RedisTier, redis_address, redis_client, redis_weaknesses
 from tests.redis_support import (
     RedisProcess,
     redis_cluster,
@@ -459,3 +459,15 @@ async def test_a_full_redis_refusing_writes_still_serves_what_it_holds(tmp_path:
         await actor.aclose()
         await tier.close()
         server.stop()
+
+
+def test_the_start_names_what_the_redis_settings_leave_open(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret")
+    open_settings = RedisSettings(url="redis://127.0.0.1:1/0")
+    assert [w.split(":")[0] for w in redis_weaknesses(open_settings)] == [
+        "no password in MMGATE_REDIS__URL",
+        "no MMGATE_REDIS__VALUE_SECRET_FILE",
+    ]
+    closed = RedisSettings(url="redis://mmgate:pw@127.0.0.1:1/0", value_secret_file=secret)
+    assert redis_weaknesses(closed) == []

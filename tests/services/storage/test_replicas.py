@@ -364,3 +364,14 @@ async def test_a_killed_redis_costs_no_caller_anything(
 
         await eventually(used_again, timeout=30, interval=0.1)
     print(f"\nredis killed -> breaker open in {to_open:.2f} s; {len(outcomes)} requests, all OK")
+
+
+async def test_a_redis_without_a_value_secret_is_warned_of_at_start(
+    replicas: tuple[RunningServer, RunningServer],
+) -> None:
+    """The pair shares a Redis with neither a password nor a value secret: each replica says
+    so in its log at start, as docs/security.md's trust table does."""
+    for replica in replicas:
+        log = replica.log_path.read_text(errors="replace")
+        assert "no MMGATE_REDIS__VALUE_SECRET_FILE" in log, replica.log()
+        assert "no password in MMGATE_REDIS__URL" in log, replica.log()
