@@ -17,10 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from typing import final
 
 import grpc
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from google.protobuf.message import Message
 
 from ..config import Settings
@@ -51,6 +52,9 @@ from .priorities import priority_of, scheduling_message
 from .status import ServiceError, abort, answer_too_large, from_exception
 from .validation import MAX_LOGPROBS, validate
 
+# log-probability positions converted into an answer between two turns of the event loop (at
+# 20 alternatives each, a few milliseconds of work)
+LOGPROB_POSITIONS_A_TURN = 64
 _FINISH = {
     "stop": pb.FINISH_REASON_STOP,
     "length": pb.FINISH_REASON_LENGTH,
@@ -80,7 +84,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         # aborts the engine request), instead of whenever garbage collection finalizes them.
         async with contextlib.aclosing(self._serve(request, context)) as events:
             async for event in events:
-                message = _message(event)
+                message = await _message(event)
                 if isinstance(event, Finished):
                     await self._check_size(message, context)
                 await context.write(message)
@@ -89,24 +93,28 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> pb.CompleteResponse:
         texts: defaultdict[int, list[str]] = defaultdict(list)
-        choices: dict[int, pb.Choice] = {}
+        choices: dict[int, pb.Choice] = {}  # each in the response already (no copy at the end)
         response = pb.CompleteResponse()
+
+        def choice_for(index: int) -> pb.Choice:
+            if index not in choices:
+                choices[index] = response.choices.add(index=index)
+            return choices[index]
+
         async with contextlib.aclosing(self._serve(request, context, whole=True)) as events:
             async for event in events:
                 if isinstance(event, EngineDelta):
-                    choice = choices.get(event.index)
-                    if choice is None:
-                        choice = choices[event.index] = pb.Choice(index=event.index)
+                    choice = choice_for(event.index)
                     texts[event.index].append(event.text)
                     choice.token_ids.extend(event.token_ids)
-                    choice.logprobs.extend(map(_logprobs, event.logprobs))
+                    await _extend_logprobs(choice.logprobs, event.logprobs)
                 else:
-                    response.final.CopyFrom(_final(event))
+                    response.final.CopyFrom(await _final(event))
                     for end in event.samples:
-                        choice = choices.setdefault(end.index, pb.Choice(index=end.index))
+                        choice = choice_for(end.index)
                         choice.text = "".join(texts[end.index])
                         choice.end.CopyFrom(_sample_end(end))
-        response.choices.extend(choice for _, choice in sorted(choices.items()))
+        response.choices.sort(key=lambda choice: choice.index)
         if response.choices:
             # the fields of one sample's answer, as before there were several
             response.text = response.choices[0].text
@@ -234,13 +242,24 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         )
 
 
-def _message(event: EngineDelta | Finished) -> pb.GenerateResponse:
+async def _message(event: EngineDelta | Finished) -> pb.GenerateResponse:
     if isinstance(event, EngineDelta):
         delta = pb.TokenDelta(text=event.text, token_ids=event.token_ids, index=event.index)
-        if event.logprobs:
-            delta.logprobs.extend(map(_logprobs, event.logprobs))
+        await _extend_logprobs(delta.logprobs, event.logprobs)
         return pb.GenerateResponse(delta=delta)
-    return pb.GenerateResponse(final=_final(event))
+    return pb.GenerateResponse(final=await _final(event))
+
+
+async def _extend_logprobs(
+    field: RepeatedCompositeFieldContainer[pb.TokenLogprobs], positions: Sequence[TokenLogprobs]
+) -> None:
+    """``positions`` converted into ``field`` a few at a time, the loop free between them: the
+    output vLLM merged while the caller was busy (8 samples of 480 positions with 21
+    alternatives each) held the loop for seconds when converted at once."""
+    for start in range(0, len(positions), LOGPROB_POSITIONS_A_TURN):
+        if start:
+            await asyncio.sleep(0)
+        field.extend(map(_logprobs, positions[start : start + LOGPROB_POSITIONS_A_TURN]))
 
 
 def _finish(reason: str | None) -> pb.FinishReason:
@@ -268,8 +287,8 @@ def _sample_end(end: SampleEnd) -> pb.SampleEnd:
     return sample
 
 
-def _final(event: Finished) -> pb.GenerateFinal:
-    return pb.GenerateFinal(
+async def _final(event: Finished) -> pb.GenerateFinal:
+    final = pb.GenerateFinal(
         finish_reason=_finish(event.finish_reason),
         usage=pb.Usage(
             prompt_tokens=event.prompt_tokens,
@@ -285,11 +304,12 @@ def _final(event: Finished) -> pb.GenerateFinal:
         request_id=event.request_id,
         model=event.model,
         samples=[_sample_end(end) for end in event.samples],
-        prompt_logprobs=[_logprobs(position) for position in event.prompt_logprobs],
         adapter=adapter_message(event.adapter) if event.adapter is not None else None,
         queue_ms=event.queue_ms,
         priority=event.priority,
     )
+    await _extend_logprobs(final.prompt_logprobs, event.prompt_logprobs)
+    return final
 
 
 def _lookup(report: LookupReport) -> pb.CacheLookup:

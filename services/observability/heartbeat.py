@@ -1,6 +1,7 @@
 """A blocked event loop, seen from a thread: a heartbeat the loop must answer.
 
     mmgate-heartbeat thread, every interval: loop.call_soon_threadsafe(beat)
+        └─ each beat, on the loop: how long it waited there (the loop's lag, a histogram)
         └─ no beat for block_seconds ─▶ blocked: a warning with the stack the loop's thread is
            in (what it is stuck on), blocks += 1, on_block() queued for the loop
         └─ beats again ─▶ "moved again after N s"; recent(within) stays true a while
@@ -15,6 +16,7 @@ health monitor keeps readiness NOT_SERVING for a while once the loop moves again
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import sys
 import threading
@@ -27,6 +29,8 @@ log = logging.getLogger("mmgate.heartbeat")
 
 # frames of the loop thread's stack in the warning (the innermost ones)
 STACK_FRAMES = 30
+# the upper bounds of mmgate_event_loop_lag_seconds's buckets
+LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 @final
@@ -41,6 +45,10 @@ class LoopHeartbeat:
         self.blocked_since: float | None = None  # set by the thread while the loop is stuck
         self.last_block_end = float("-inf")
         self._last_beat = time.monotonic()
+        # each beat's wait on the loop, by LAG_BUCKETS (the last: beyond them), and their sum:
+        # written on the loop, read by the metrics thread
+        self.lag_counts = [0] * (len(LAG_BUCKETS) + 1)
+        self.lag_sum = 0.0
         self._loop_thread = threading.get_ident()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="mmgate-heartbeat", daemon=True)
@@ -65,15 +73,18 @@ class LoopHeartbeat:
         """Blocked now, or a block ended less than ``within`` seconds ago."""
         return self.blocked or time.monotonic() - self.last_block_end < within
 
-    def _beat(self) -> None:
-        self._last_beat = time.monotonic()
+    def _beat(self, sent: float) -> None:
+        self._last_beat = now = time.monotonic()
+        lag = now - sent
+        self.lag_counts[bisect.bisect_left(LAG_BUCKETS, lag)] += 1
+        self.lag_sum += lag
 
     def _watch(self) -> None:
         loop = self.loop
         assert loop is not None
         while not self._stop.wait(self.interval):
             try:
-                loop.call_soon_threadsafe(self._beat)
+                loop.call_soon_threadsafe(self._beat, time.monotonic())
             except RuntimeError:  # the loop has closed
                 return
             now = time.monotonic()

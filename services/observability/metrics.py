@@ -32,12 +32,18 @@ from collections.abc import Callable, Iterator
 from typing import Any, final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 from cache_actor import LookupEvent, LookupHook
 
 from ..config import Settings
-from .heartbeat import LoopHeartbeat
+from .heartbeat import LAG_BUCKETS, LoopHeartbeat
+from .histograms import cumulative_buckets
 from .http import MetricsHTTPServer
 from .lookups import current_stage, lookup_outcome
 from .metric_families import LookupKey, Snapshot, families
@@ -247,5 +253,13 @@ class _ServiceCollector:
             "Times the event loop was blocked for loop_block_seconds or longer.",
             value=heartbeat.blocks if heartbeat is not None else 0,
         )
+        lag = HistogramMetricFamily(
+            "mmgate_event_loop_lag_seconds",
+            "How long each heartbeat (every loop_block_seconds / 4) waited for the event loop.",
+        )
+        if heartbeat is not None:
+            counts = list(heartbeat.lag_counts)
+            lag.add_metric([], cumulative_buckets(LAG_BUCKETS, counts), heartbeat.lag_sum)
+        yield lag
         if snapshot is not None:
             yield from families(snapshot)

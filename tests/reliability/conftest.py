@@ -8,14 +8,20 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from services.engine.adapter_files import CONFIG_FILE, WEIGHTS_FILE
+from services.models.adapters import build_test_adapter
 from tests.redis_support import RedisProcess, redis_server
+from tests.services.image_hosts import Answer, ImageHost, image
+from tests.services.imagegen import png
 from tests.support import LLAVA_GRACE_SECONDS as GRACE_SECONDS
 from tests.support import ROOT, RunningServer, engine_core, start_server
 
@@ -83,13 +89,92 @@ def chaos_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProce
     server.stop()
 
 
+# the chaos server's LoRA adapters: more served than its engine has slots
+CHAOS_ADAPTERS = ("l1", "l2", "l3")
+CHAOS_LORA_SLOTS = 2
+
+
+def chaos_adapter_root(tiny_llava: Path, root: Path, outside: Path) -> Path:
+    """The adapters served, and two folders a load must refuse: one whose files link out of
+    the root, one whose config is a FIFO (a read of it would wait for a writer forever)."""
+    for seed, name in enumerate(CHAOS_ADAPTERS, start=1):
+        build_test_adapter(tiny_llava, root / name, seed=seed)
+    shutil.copytree(root / "l1", outside / "elsewhere")
+    (root / "links-out").mkdir()
+    for file in (CONFIG_FILE, WEIGHTS_FILE):
+        (root / "links-out" / file).symlink_to(outside / "elsewhere" / file)
+    shutil.copytree(root / "l1", root / "fifo-config")
+    (root / "fifo-config" / CONFIG_FILE).unlink()
+    os.mkfifo(root / "fifo-config" / CONFIG_FILE)
+    return root
+
+
+class ChaosImages:
+    """The chaos server's image URLs: plain HTTP on 127.0.0.1 (the one address it may reach),
+    an image at once, one that comes after its caller's deadline, and one that never ends; it
+    counts the endless answers whose client hung up."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.hung_up = 0
+        self.host = ImageHost(
+            "127.0.0.1",
+            None,
+            {"/cat.png": image(png(4101)), "/late.png": self.late, "/drip.png": self.drip},
+        )
+
+    def url(self, path: str) -> str:
+        return self.host.url(path, "127.0.0.1")
+
+    def late(self) -> Answer:
+        def body() -> Iterator[bytes]:
+            self.stop.wait(LATE_IMAGE_SECONDS)  # past the deadline of every request for it
+            yield png(4102)
+
+        return 200, {"Content-Type": "image/png"}, cast(list[bytes], body())
+
+    def drip(self) -> Answer:
+        def chunks() -> Iterator[bytes]:
+            try:
+                yield b"\x89PNG\r\n\x1a\n"
+                while not self.stop.wait(0.02):  # the drip's pace, not the test's sequence
+                    yield b"\0" * 1024
+            finally:  # the write failed: the fetcher closed the connection
+                if not self.stop.is_set():
+                    with self.lock:
+                        self.hung_up += 1
+
+        return 200, {"Content-Type": "image/png"}, cast(list[bytes], chunks())
+
+    def close(self) -> None:
+        self.stop.set()
+        self.host.stop()
+
+
+LATE_IMAGE_SECONDS = 10.0
+
+
+@pytest.fixture(scope="session")
+def chaos_images() -> Iterator[ChaosImages]:
+    images = ChaosImages()
+    yield images
+    images.close()
+
+
 @pytest.fixture(scope="session")
 def chaos_server(
-    tmp_path_factory: pytest.TempPathFactory, tiny_llava: Path, chaos_redis: RedisProcess
+    tmp_path_factory: pytest.TempPathFactory,
+    tiny_llava: Path,
+    chaos_redis: RedisProcess,
+    chaos_images: ChaosImages,
 ) -> Iterator[RunningServer]:
     """The chaos and stalls suites' server: faults for the tenants above, short watchdogs,
-    embeddings mode (mmgate decodes and encodes), a Redis second tier; the stalls suite, last,
-    kills its engine."""
+    embeddings mode (mmgate decodes and encodes), a Redis second tier, three LoRA adapters for
+    two slots, image URLs from ``chaos_images``; the stalls suite, last, kills its engine."""
+    adapters = chaos_adapter_root(
+        tiny_llava, tmp_path_factory.mktemp("chaos-adapters"), tmp_path_factory.mktemp("outside")
+    )
     running = start_server(
         tmp_path_factory.mktemp("chaos"),
         str(tiny_llava),
@@ -112,6 +197,11 @@ def chaos_server(
         MMGATE_CHAOS__ACTOR_STALL_AFTER=str(ACTOR_STALL_AFTER),
         MMGATE_CHAOS__ACTOR_STALL_SECONDS=str(ACTOR_STALL_SECONDS),
         MMGATE_CHAOS__ACTOR_KILL_AFTER=str(ACTOR_KILL_AFTER),
+        MMGATE_ENGINE__ADAPTERS=json.dumps({name: str(adapters / name) for name in CHAOS_ADAPTERS}),
+        MMGATE_ENGINE__ADAPTER_ROOT=str(adapters),
+        MMGATE_ENGINE__MAX_LORAS=str(CHAOS_LORA_SLOTS),
+        MMGATE_MEDIA__URL_SCHEMES='["http"]',
+        MMGATE_MEDIA__URL_ALLOW='["127.0.0.1/32"]',
     )
     yield running
     core = engine_core(running)

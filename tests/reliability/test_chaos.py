@@ -1,8 +1,10 @@
 """Chaos: decodes, encodes and engine requests fail, stall and slow down on purpose (the server's
 MMGATE_CHAOS__* settings, for one tenant), while the client cancels at random moments and sends
-tiny deadlines, and the server's Redis is killed and started again. Every request ends with a
-result or its documented status, and afterwards nothing is poisoned, stranded or leaked, the
-Redis tier is used again, and health is SERVING again.
+tiny deadlines, the server's Redis is killed and started again, and a hostile tenant sends,
+round after round, every input that once hurt other tenants (attacks.py). Every request ends
+with a result or its documented status, and afterwards nothing is poisoned, stranded or leaked,
+no image fetch goes on for a
+caller who has gone, the Redis tier is used again, and health is SERVING again.
 
     calm tenant: the reference answers ─▶ chaos tenant: the load, faults and a rude client
     ─▶ quiet again? (flights, waiters, engine requests, active requests, stage threads, tasks)
@@ -29,13 +31,15 @@ from tests.redis_support import RedisProcess
 from tests.services.prom import Scrape, scrape
 from tests.support import RunningServer, eventually
 
-from .conftest import CHAOS_PLANS, CHAOS_REQUESTS, CHAOS_TENANT, record
+from .attacks import Attacks, attack_until, attacks
+from .conftest import CHAOS_PLANS, CHAOS_REQUESTS, CHAOS_TENANT, ChaosImages, record
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 STATUS = health_pb2.HealthCheckResponse.ServingStatus
 CACHE_ACTOR = "mmgate.cache-actor"
 INFERENCE = "mmgate.v1.Inference"
+HOSTILE_TENANT = "hostile"
 CONCURRENCY = 32
 TIMEOUT_SECONDS = 5.0  # each request's deadline: a stalled one ends here
 MIX = Mix(
@@ -89,7 +93,7 @@ async def idle_tasks(server: RunningServer) -> float:
 
 
 async def test_faults_and_a_rude_client_leave_nothing_behind(
-    chaos_server: RunningServer, chaos_redis: RedisProcess
+    chaos_server: RunningServer, chaos_redis: RedisProcess, chaos_images: ChaosImages
 ) -> None:
     server = chaos_server
     requests = CHAOS_REQUESTS
@@ -98,6 +102,7 @@ async def test_faults_and_a_rude_client_leave_nothing_behind(
     async with (
         server.client(timeout=60.0) as calm,
         server.client(tenant=CHAOS_TENANT, timeout=TIMEOUT_SECONDS, retries=False) as chaos,
+        server.client(tenant=HOSTILE_TENANT, timeout=60.0, retries=False) as hostile,
     ):
         # the answers without faults: what every whole answer under chaos must equal
         polite = dataclasses.replace(MIX, cancel_ratio=0.0, short_deadline_ratio=0.0)
@@ -133,14 +138,22 @@ async def test_faults_and_a_rude_client_leave_nothing_behind(
                 await asyncio.sleep(0.05)
 
         prober = asyncio.ensure_future(probe())
+        # the hostile tenant, beside the load: round after round until it ends (one at least)
+        load_done, hostility = asyncio.Event(), Attacks()
+        attacker = asyncio.ensure_future(
+            attack_until(hostile, attacks(chaos_images), load_done, hostility)
+        )
         outcomes, _, wall = await run(
             chaos,
             Workload(MIX),
             Limits(requests=requests, concurrency=CONCURRENCY, timeout=TIMEOUT_SECONDS),
             on_done,
         )
+        load_done.set()
+        await attacker
         prober.cancel()
         await asyncio.gather(prober, return_exceptions=True)
+        assert hostility.odd == [], hostility.summary()
         assert set(redis_events) == {"killed_after", "restarted_after"}
         codes = Counter(ended(o) for o in outcomes)
         assert len(outcomes) == requests  # every request was answered
@@ -174,6 +187,12 @@ async def test_faults_and_a_rude_client_leave_nothing_behind(
 
         await eventually(no_more_tasks, timeout=FIRST_LISTENER_SECONDS + TIMEOUT_SECONDS)
         tasks_after = await idle_tasks(server)
+
+        # every endless image fetch stopped once its caller had gone (the host saw it hang up)
+        async def fetches_stopped() -> bool:
+            return chaos_images.hung_up == chaos_images.host.hits["/drip.png"]
+
+        await eventually(fetches_stopped, timeout=TIMEOUT_SECONDS)
 
         # no poisoned key: every image's entries are stored or absent, and a stored one serves
         images = await image_states(chaos, plans)
@@ -241,6 +260,12 @@ async def test_faults_and_a_rude_client_leave_nothing_behind(
                 "short_deadline_seconds": MIX.short_deadline,
             },
             "kinds": dict(Counter(o.kind for o in outcomes)),
+            "hostile": {
+                "tenant": HOSTILE_TENANT,
+                "rounds": hostility.rounds,
+                "codes": hostility.summary(),
+                "endless_fetches_stopped": chaos_images.hung_up,
+            },
             "codes": dict(sorted(codes.items())),
             "injected": injected,
             "wall_seconds": round(wall, 1),

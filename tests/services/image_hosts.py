@@ -1,5 +1,6 @@
 """Real HTTPS servers on loopback addresses for images by URL: each answers its routes from a
-thread of its own (http.server over TLS, a certificate of the test CA for its names) and counts
+thread of its own (http.server over TLS, a certificate of the test CA for its names; plain HTTP
+where it is given no certificate) and counts
 every request it gets, so a test can tell that a host was never contacted."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ Route = Callable[[], Answer]
 @dataclass
 class ImageHost:
     address: str  # a loopback address of its own: 127.0.0.2, 127.0.0.3
-    cert: Issued
+    cert: Issued | None  # None: plain HTTP
     routes: dict[str, Route]
 
     def __post_init__(self) -> None:
@@ -62,15 +63,17 @@ class ImageHost:
 
         self.server = http.server.ThreadingHTTPServer((self.address, 0), Handler)
         self.server.daemon_threads = True
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(str(self.cert.cert), str(self.cert.key))
-        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        if self.cert is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(str(self.cert.cert), str(self.cert.key))
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
     def url(self, path: str, name: str) -> str:
-        return f"https://{name}:{self.port}{path}"
+        scheme = "http" if self.cert is None else "https"
+        return f"{scheme}://{name}:{self.port}{path}"
 
     @property
     def requests(self) -> int:
