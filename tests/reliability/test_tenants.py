@@ -131,19 +131,8 @@ async def test_one_tenant_holds_another_up_within_a_bound(llava_server: RunningS
             )
             await running
             lag = await _longest_lag(llava_server, lags_before)
-            rss_after = server.memory_info().rss
-            rows.append(
-                {
-                    "attack": name,
-                    "server_lag_s": lag,
-                    "loop_before_s": round(loop_before, 3),
-                    "loop_during_s": round(loop_during, 3),
-                    "wait_before_s": round(wait_before, 3),
-                    "wait_during_s": round(wait_during, 3),
-                    "rss_before_mib": round(rss_before / MiB),
-                    "rss_after_mib": round(rss_after / MiB),
-                }
-            )
+            loop, wait = (loop_before, loop_during), (wait_before, wait_during)
+            rows.append(_row(name, lag, loop, wait, (rss_before, server.memory_info().rss)))
         rows.append(await _long_runs(llava_server, loop_probe, question))
     record("tenants", {"bound_seconds": BOUND_SECONDS, "attacks": rows})
     # the event loop's bound, by the server's own heartbeat (a health check's round trip, as
@@ -208,15 +197,29 @@ async def _long_runs(
     assert answer.final.queue_ms < 1, (
         f"the other tenant waited {answer.final.queue_ms:.0f} ms for an attacker's run to end"
     )
+    return _row(
+        f"{HOLDERS} x Generate(n={SAMPLES}, {LONG_RUN} tokens): every slot it may take",
+        lag,
+        (loop_before, loop_during),
+        (wait_before, wait_during),
+        (rss_before, server.memory_info().rss),
+    )
+
+
+Span = tuple[float, float]  # before the attack, during it
+
+
+def _row(attack: str, lag: float, loop: Span, wait: Span, rss: tuple[int, int]) -> dict[str, Any]:
+    """One attack's line of docs/reliability.md's table (seconds, and MiB before and after)."""
     return {
-        "attack": f"{HOLDERS} x Generate(n={SAMPLES}, {LONG_RUN} tokens): every slot it may take",
+        "attack": attack,
         "server_lag_s": lag,
-        "loop_before_s": round(loop_before, 3),
-        "loop_during_s": round(loop_during, 3),
-        "wait_before_s": round(wait_before, 3),
-        "wait_during_s": round(wait_during, 3),
-        "rss_before_mib": round(rss_before / MiB),
-        "rss_after_mib": round(server.memory_info().rss / MiB),
+        "loop_before_s": round(loop[0], 3),
+        "loop_during_s": round(loop[1], 3),
+        "wait_before_s": round(wait[0], 3),
+        "wait_during_s": round(wait[1], 3),
+        "rss_before_mib": round(rss[0] / MiB),
+        "rss_after_mib": round(rss[1] / MiB),
     }
 
 
