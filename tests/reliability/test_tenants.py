@@ -32,6 +32,10 @@ MiB = 1024 * 1024
 # and answers converted a few positions at a time, every beat waited 50 ms at most
 BOUND_SECONDS = 0.25
 LAG = "mmgate_event_loop_lag_seconds_bucket"
+# tries of an attack whose lag passed the bound: the conversion that held the loop did so on
+# every try, while a pause of the whole process (one of 5.3 s once, in every thread, the loop's
+# in epoll) comes now and then
+TRIES = 2
 PROBES_BEFORE = 20
 
 Attack = Callable[[MmgateClient], Awaitable[object]]
@@ -121,18 +125,21 @@ async def test_one_tenant_holds_another_up_within_a_bound(llava_server: RunningS
             return victim.complete("Hi", max_tokens=1, cache_policy="bypass")
 
         for name, attack in ATTACKS.items():
-            loop_before = await _slowest(loop_probe, None, PROBES_BEFORE)
-            wait_before = await _slowest(question, None, PROBES_BEFORE)
-            rss_before = server.memory_info().rss
-            lags_before = await scrape(llava_server.metrics_url)
-            running = asyncio.ensure_future(attack(attacker))
-            loop_during, wait_during = await asyncio.gather(
-                _slowest(loop_probe, running, 0), _slowest(question, running, 0)
-            )
-            await running
-            lag = await _longest_lag(llava_server, lags_before)
+            lags: list[float] = []  # each try's: a pause of the whole process is not the attack's
+            while len(lags) < TRIES and (not lags or lags[-1] > BOUND_SECONDS):
+                loop_before = await _slowest(loop_probe, None, PROBES_BEFORE)
+                wait_before = await _slowest(question, None, PROBES_BEFORE)
+                rss_before = server.memory_info().rss
+                lags_before = await scrape(llava_server.metrics_url)
+                running = asyncio.ensure_future(attack(attacker))
+                loop_during, wait_during = await asyncio.gather(
+                    _slowest(loop_probe, running, 0), _slowest(question, running, 0)
+                )
+                await running
+                lags.append(await _longest_lag(llava_server, lags_before))
             loop, wait = (loop_before, loop_during), (wait_before, wait_during)
-            rows.append(_row(name, lag, loop, wait, (rss_before, server.memory_info().rss)))
+            rss = (rss_before, server.memory_info().rss)
+            rows.append({**_row(name, lags[-1], loop, wait, rss), "server_lag_tries_s": lags})
         rows.append(await _long_runs(llava_server, loop_probe, question))
     record("tenants", {"bound_seconds": BOUND_SECONDS, "attacks": rows})
     # the event loop's bound, by the server's own heartbeat (a health check's round trip, as
