@@ -109,7 +109,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     choice.token_ids.extend(event.token_ids)
                     await _extend_logprobs(choice.logprobs, event.logprobs)
                 else:
-                    response.final.CopyFrom(await _final(event))
+                    await _fill_final(response.final, event)
                     for end in event.samples:
                         choice = choice_for(end.index)
                         choice.text = "".join(texts[end.index])
@@ -247,7 +247,9 @@ async def _message(event: EngineDelta | Finished) -> pb.GenerateResponse:
         delta = pb.TokenDelta(text=event.text, token_ids=event.token_ids, index=event.index)
         await _extend_logprobs(delta.logprobs, event.logprobs)
         return pb.GenerateResponse(delta=delta)
-    return pb.GenerateResponse(final=await _final(event))
+    message = pb.GenerateResponse()
+    await _fill_final(message.final, event)
+    return message
 
 
 async def _extend_logprobs(
@@ -287,8 +289,10 @@ def _sample_end(end: SampleEnd) -> pb.SampleEnd:
     return sample
 
 
-async def _final(event: Finished) -> pb.GenerateFinal:
-    final = pb.GenerateFinal(
+async def _fill_final(final: pb.GenerateFinal, event: Finished) -> None:
+    """``final`` made the call's last word, in place: its prompt log-probabilities (as many as
+    the context holds) are built once, where the answer keeps them, never copied."""
+    head = pb.GenerateFinal(
         finish_reason=_finish(event.finish_reason),
         usage=pb.Usage(
             prompt_tokens=event.prompt_tokens,
@@ -308,8 +312,8 @@ async def _final(event: Finished) -> pb.GenerateFinal:
         queue_ms=event.queue_ms,
         priority=event.priority,
     )
+    final.CopyFrom(head)
     await _extend_logprobs(final.prompt_logprobs, event.prompt_logprobs)
-    return final
 
 
 def _lookup(report: LookupReport) -> pb.CacheLookup:
