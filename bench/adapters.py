@@ -21,9 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from services.api.server import resolve_model
 from services.config import Settings
-from services.models import build_test_adapter
+from services.models import build_test_adapter, resolve_model
 
 from .service import (
     DISTURBED,

@@ -16,8 +16,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from services.api.server import resolve_model
 from services.config import Settings
+from services.models import resolve_model
 
 from .adapters import level
 from .service import Mmgate, closed_loop, rounds_main

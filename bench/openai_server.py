@@ -29,6 +29,7 @@ from typing import IO, Any
 import httpx
 
 from services.config import EngineSettings
+from services.engine.plan import EnginePlan, ImageIntake
 from services.engine.worker import EngineWorker
 from tests.support import free_port
 
@@ -104,12 +105,11 @@ class VllmProcess:
     log_prefix = ""
 
     def __init__(self, settings: EngineSettings, model: str, *, images: int | None = None) -> None:
-        worker = EngineWorker(settings, model)
-        if images is not None:
-            worker.accept_images(per_prompt=images, embeddings=False)
-        self.args = worker.engine_args()
+        worker = EngineWorker(settings)
+        intake = None if images is None else ImageIntake(per_prompt=images, embeddings=False)
+        self.args = worker.engine_args(EnginePlan(model, intake))
         self.model = model
-        self.model_name = worker.model_name
+        self.model_name = worker.served_name(model)
         self.port = free_port()
         self._process: asyncio.subprocess.Process | None = None
         self._log: IO[bytes] | None = None

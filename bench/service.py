@@ -68,10 +68,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
-from services.api.server import resolve_model
 from services.client import MmgateClient, build_request
 from services.config import EngineSettings, Settings
+from services.engine.plan import EnginePlan
 from services.engine.worker import EngineWorker
+from services.models import resolve_model
 from services.proto.mmgate.v1.inference_pb2 import GenerateRequest
 from tests.support import free_port, wait_serving
 
@@ -313,7 +314,7 @@ class InProcess:
         from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = EngineWorker(self.settings, self.model).engine_args()
+        args = EngineWorker(self.settings).engine_args(EnginePlan(self.model))
         started = time.perf_counter()
         self._engine = AsyncLLM.from_engine_args(args)
         elapsed = time.perf_counter() - started
@@ -828,7 +829,7 @@ async def main(args: argparse.Namespace) -> None:
         levels = args.levels or list(LEVELS)
         policies = ["bypass", "prompt"] if args.cache_policy == "both" else [args.cache_policy]
         e = settings.engine
-        dtype = EngineWorker(e, model).dtype
+        dtype = EngineWorker(e).dtype
         print(
             f"model {model}; engine: dtype {dtype}, max_model_len {e.max_model_len}, "
             f"max_num_seqs {e.max_num_seqs}, kv_cache_memory_bytes {e.kv_cache_memory_bytes}, "

@@ -29,9 +29,9 @@ from typing import Any
 
 import jsonschema
 
-from services.api.server import resolve_model
 from services.client import MmgateClient
 from services.config import Settings
+from services.models import resolve_model
 
 from .openai_server import OpenAIServer
 from .service import ENV, Mmgate

@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from services.api.server import resolve_model
 from services.config import Settings
+from services.models import resolve_model
 
 from .openai_server import OpenAIServer
 from .service import (

@@ -17,9 +17,10 @@ from .errors import (
 from .events import CacheEvent, Journal, Watcher
 from .flights import waiting_to_start
 from .lookup import Lookup, LookupEvent, LookupHook, Outcome
+from .stages import Stage, TierUse
 from .stats import CacheStats, EntryInfo
 from .tenants import TenantStats
-from .tiers import InMemoryTier, SecondTier, TierUse
+from .tiers import InMemoryTier, SecondTier
 
 __all__ = [
     "CacheActor",
@@ -39,6 +40,7 @@ __all__ = [
     "LookupHook",
     "Outcome",
     "SecondTier",
+    "Stage",
     "TenantStats",
     "TierUse",
     "Watcher",

@@ -20,7 +20,7 @@ from ._tier_io import TierIO
 from .config import Weigher
 from .flights import Flight
 from .mailbox import Mailbox
-from .tiers import TierUse
+from .stages import TierUse
 
 
 async def run_flight(

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, final
 
 from .flights import Flight
+from .stages import TierUse
 from .store import FullKey
-from .tiers import TierUse
 
 
 @final

@@ -21,6 +21,7 @@ from typing import Any, final
 
 from ._messages import Done, TierWriteFailed
 from .mailbox import Mailbox
+from .stages import Stage
 from .stats import Counters
 from .tiers import CircuitBreaker, SecondTier
 
@@ -50,7 +51,7 @@ class TierIO:
         self._mailbox = mailbox
         # the actor's task spawner: close() cancels and awaits the writers with the flights
         self._spawn = spawn
-        self._writes: asyncio.Queue[tuple[str, str, Any, str]] = asyncio.Queue(write_queue)
+        self._writes: asyncio.Queue[tuple[str, str, Any, Stage]] = asyncio.Queue(write_queue)
         self._writers = writers
         self._started = False
         self._last_write: type | None = None  # a run of the same write error is logged once
@@ -67,7 +68,7 @@ class TierIO:
 
     # ── in a flight's task ──────────────────────────────────────────────────────────────────
 
-    async def read(self, tenant: str, key: str, stage: str) -> tuple[Any, BaseException | None]:
+    async def read(self, tenant: str, key: str, stage: Stage) -> tuple[Any, BaseException | None]:
         timeout = self._timeout
         try:
             async with asyncio.timeout(timeout):
@@ -75,7 +76,7 @@ class TierIO:
         except Exception as exc:  # noqa: BLE001 - a tier error is a miss, reported, never raised
             return None, exc
 
-    def write_back(self, tenant: str, key: str, value: Any, stage: str) -> None:
+    def write_back(self, tenant: str, key: str, value: Any, stage: Stage) -> None:
         """Queue a value for the tier without delaying anyone; dropped (counted) when full."""
         if not self._started:
             self._started = True
@@ -104,7 +105,7 @@ class TierIO:
 
     # ── in the caller's task (invalidate) ───────────────────────────────────────────────────
 
-    async def delete(self, tenant: str, key: str, stage: str | None) -> None:
+    async def delete(self, tenant: str, key: str, stage: Stage | None) -> None:
         """Forget a key in the tier; a failure is logged, never raised."""
         try:
             async with asyncio.timeout(self._timeout):

@@ -39,13 +39,11 @@ from .errors import CacheActorDead, CacheOverloaded
 from .events import CacheEvent, Journal, Watcher
 from .flights import COMPUTING
 from .lookup import Lookup, LookupEvent, LookupHook
+from .stages import Stage, TierUse
 from .stats import CacheStats, EntryInfo
 from .store import FullKey
 from .tenants import TenantStats
-from .tiers import SecondTier, TierUse
-
-# a lookup that reads and writes the second tier, in no particular stage
-ANY_STAGE = TierUse()
+from .tiers import SecondTier
 
 V = TypeVar("V")
 T = TypeVar("T")
@@ -133,7 +131,7 @@ class CacheActor:
         *,
         tenant: str = "default",
         timeout: float | None = None,
-        tier: TierUse = ANY_STAGE,
+        tier: TierUse = Stage.ANY.tier_use,
         label: str = "",
         cancel_when_orphaned: bool = False,
     ) -> Lookup[V]:
@@ -141,9 +139,10 @@ class CacheActor:
 
         ``timeout`` bounds this caller's wait (``CacheConfig.default_timeout`` when None); on
         expiry ComputeTimeout is raised and the flight goes on for the others. A computation's
-        exception is raised here with its own type, and nothing is stored. ``tier`` says how a
-        miss uses the second tier (the first lookup of a flight decides); its stage and
-        ``label`` (what the value is about) are what watchers are told of the entry.
+        exception is raised here with its own type, and nothing is stored. ``tier`` is the
+        lookup's stage's (``Stage.X.tier_use``): how a miss uses the second tier (the first
+        lookup of a flight decides); its stage is what the hook is told of this lookup, and with
+        ``label`` (what the value is about) what watchers are told of the entry.
         ``cancel_when_orphaned``: the flight this lookup starts is cancelled, and stores nothing,
         once its last waiter has left (cancelled or timed out), whatever
         ``finish_orphaned_flights`` says; so it runs exactly as long as somebody waits for it,
@@ -158,7 +157,7 @@ class CacheActor:
         started = 0.0
         if hook is not None:
             started = time.perf_counter()
-            token = _call_hook(hook.lookup_started, tenant, key)
+            token = _call_hook(hook.lookup_started, tenant, key, tier.stage)
         full_key = (tenant, key)
         future: asyncio.Future[Lookup[V]] = loop.create_future()
         wait = self.config.default_timeout if timeout is None else timeout
@@ -257,7 +256,7 @@ class CacheActor:
         *,
         tenant: str = "default",
         timeout: float = 5.0,
-        stage: str | None = None,
+        stage: Stage | None = None,
         local: bool = False,
     ) -> bool:
         """Forget a key in memory and in the second tier; True if memory held it.
@@ -280,7 +279,9 @@ class CacheActor:
             await core.tier.delete(tenant, key, stage)
         return removed
 
-    def put(self, key: str, value: Any, *, tenant: str = "default", stage: str = "") -> None:
+    def put(
+        self, key: str, value: Any, *, tenant: str = "default", stage: Stage = Stage.ANY
+    ) -> None:
         """Hand a final value to the second tier (queued, never waited for): for a stage whose
         value becomes final after its lookup (a shared response once it has finished)."""
         tier = self._core.tier

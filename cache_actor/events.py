@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Final, Literal, final
 
 from .errors import CacheOverloaded
+from .stages import Stage
 from .store import Entry, FullKey
 
 Kind = Literal["held", "admit", "evict", "expire", "invalidate", "gap"]
@@ -51,7 +52,7 @@ class CacheEvent:
     kind: Kind
     tenant: str
     key: str
-    stage: str  # the stage the lookup named ("" when none)
+    stage: Stage  # the stage the lookup named (Stage.ANY when none)
     label: str  # what the lookup said the value is about (an image's digest), or ""
     nbytes: int
     tier: str | None  # where the value came from when admitted (None: computed here)
@@ -59,7 +60,7 @@ class CacheEvent:
 
 
 def _gap(number: int) -> CacheEvent:
-    return CacheEvent(number, GAP, "", "", "", "", 0, None, number)
+    return CacheEvent(number, GAP, "", "", Stage.ANY, "", 0, None, number)
 
 
 @final
@@ -145,7 +146,13 @@ class Watcher:
 class Journal:
     """Sequence numbers, the recent history, and the watchers; touched by the actor's loop."""
 
-    def __init__(self, history: int = 4096, max_watchers: int = 16) -> None:
+    # the library's defaults, which the service's settings read (one source for each)
+    DEFAULT_HISTORY: Final = 4096
+    DEFAULT_MAX_WATCHERS: Final = 16
+
+    def __init__(
+        self, history: int = DEFAULT_HISTORY, max_watchers: int = DEFAULT_MAX_WATCHERS
+    ) -> None:
         self.history: collections.deque[CacheEvent] = collections.deque()
         self.history_size = history
         self.max_watchers = max_watchers

@@ -22,6 +22,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import final
 
+from .stages import Stage
 from .store import FullKey
 
 COMPUTING: ContextVar[tuple[Flight, ...]] = ContextVar("cache_actor_computing", default=())
@@ -70,7 +71,7 @@ class Flight:
     # False once the key is invalidated while loading: the value is delivered but not stored
     admit: bool = True
     stall_reported: bool = False
-    stage: str = ""  # what its entry tells watchers (events.py)
+    stage: Stage = Stage.ANY  # what its entry tells watchers (events.py)
     label: str = ""
     # set by the computation itself (waiting_to_start): nothing has been spent on it yet, so
     # it is cancelled when its last waiter leaves, whatever finish_orphaned_flights says. The

@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
+from .stages import Stage
+
 V = TypeVar("V")
 
 
@@ -60,10 +62,11 @@ class LookupHook(Protocol):
 
     Both methods run in the caller's task. ``lookup_started`` runs before the request reaches the
     actor, so a computation started by this lookup runs in the context it leaves behind (a tracer
-    can make its span current there and the computation's spans become its children). Exceptions
-    a hook raises are logged and otherwise ignored: observability never fails a lookup.
+    can make its span current there and the computation's spans become its children). ``stage``
+    is the one the lookup named (its ``TierUse``'s). Exceptions a hook raises are logged and
+    otherwise ignored: observability never fails a lookup.
     """
 
-    def lookup_started(self, tenant: str, key: str) -> object: ...
+    def lookup_started(self, tenant: str, key: str, stage: Stage) -> object: ...
 
     def lookup_finished(self, token: object, event: LookupEvent) -> None: ...

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, final
 
+from .stages import Stage
 from .stats import Counters
 
 FullKey = tuple[str, str]  # (tenant, key)
@@ -28,7 +29,7 @@ class Entry:
     admitted_at: float
     expires_at: float | None
     hits: int = 0
-    stage: str = ""  # for watchers (events.py): the stage and subject its lookup named
+    stage: Stage = Stage.ANY  # for watchers (events.py): the stage and subject its lookup named
     label: str = ""
 
 
@@ -102,7 +103,7 @@ class Store:
         hit: Any,
         nbytes: int,
         tier: str | None,
-        stage: str = "",
+        stage: Stage = Stage.ANY,
         label: str = "",
     ) -> bool:
         """Store a completed value, evicting least recently used entries to make room.

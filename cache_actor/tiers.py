@@ -5,26 +5,17 @@ first (with ``CacheConfig.tier_timeout``), and a computed value is written back 
 so a slow or broken tier never delays a waiter. Its errors count as misses; repeated read failures
 open a circuit breaker (``CircuitBreaker``). With no tier configured, the actor skips all of this.
 
-Each lookup says how it uses the tier (``TierUse``): the stage it belongs to (the tier's namespace
-and codec for the value), whether to read before computing and whether to write what it computed.
-A stage kept in memory only passes ``TierUse(read=False, write=False)``; one whose value is
+Each lookup says how it uses the tier with its stage's ``TierUse`` (stages.py): the stage (the
+tier's namespace and codec for the value), whether to read before computing and whether to write
+what it computed. A stage kept in memory only neither reads nor writes; one whose value is
 written later, once it is final, reads only and hands the final value to ``CacheActor.put``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Protocol, final, runtime_checkable
 
-
-@final
-@dataclass(frozen=True, slots=True)
-class TierUse:
-    """How one lookup uses the second tier."""
-
-    stage: str = ""  # the kind of value: the tier's namespace and codec for it
-    read: bool = True  # ask the tier before computing
-    write: bool = True  # store a computed value in the tier
+from .stages import Stage
 
 
 @runtime_checkable
@@ -36,15 +27,15 @@ class SecondTier(Protocol):
         """Reported as the lookup's tier when a value came from here ("redis")."""
         ...
 
-    async def get(self, tenant: str, key: str, *, stage: str, timeout: float) -> Any | None:
+    async def get(self, tenant: str, key: str, *, stage: Stage, timeout: float) -> Any | None:
         """The value, or None when the tier does not hold it (or holds one that fails a check)."""
         ...
 
     async def set(
-        self, tenant: str, key: str, value: Any, *, stage: str, timeout: float
+        self, tenant: str, key: str, value: Any, *, stage: Stage, timeout: float
     ) -> None: ...
 
-    async def delete(self, tenant: str, key: str, *, stage: str | None, timeout: float) -> None:
+    async def delete(self, tenant: str, key: str, *, stage: Stage | None, timeout: float) -> None:
         """Forget the key in ``stage``, or in every stage when None."""
         ...
 
@@ -56,7 +47,7 @@ class InMemoryTier:
     def __init__(self, name: str = "memory-tier") -> None:
         self._name = name
         self.values: dict[tuple[str, str], Any] = {}
-        self.stages: dict[tuple[str, str], str] = {}  # the stage each value was written for
+        self.stages: dict[tuple[str, str], Stage] = {}  # the stage each value was written for
         self.gets = 0
         self.sets = 0
 
@@ -64,16 +55,16 @@ class InMemoryTier:
     def name(self) -> str:
         return self._name
 
-    async def get(self, tenant: str, key: str, *, stage: str, timeout: float) -> Any | None:
+    async def get(self, tenant: str, key: str, *, stage: Stage, timeout: float) -> Any | None:
         self.gets += 1
         return self.values.get((tenant, key))
 
-    async def set(self, tenant: str, key: str, value: Any, *, stage: str, timeout: float) -> None:
+    async def set(self, tenant: str, key: str, value: Any, *, stage: Stage, timeout: float) -> None:
         self.sets += 1
         self.values[(tenant, key)] = value
         self.stages[(tenant, key)] = stage
 
-    async def delete(self, tenant: str, key: str, *, stage: str | None, timeout: float) -> None:
+    async def delete(self, tenant: str, key: str, *, stage: Stage | None, timeout: float) -> None:
         self.values.pop((tenant, key), None)
         self.stages.pop((tenant, key), None)
 

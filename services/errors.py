@@ -4,18 +4,22 @@
      ├── InvalidRequest        the request cannot be served as sent (each Violation names a field)
      ├── ImageRejected         bytes mmgate will not decode (the media stage names the image)
      ├── ImageNotHeld          a digest this server does not hold (any more): resend the bytes
+     ├── UrlNotAllowed         an image URL the guard refused (the rule named, never the host)
+     ├── ImageFetchFailed      an image URL not fetched: it timed out, was unavailable or refused
      ├── ModelTakesNoImages    images sent to a text-only model
      ├── EngineUnavailable     the engine is not started, has failed, or is shutting down
- ├── InjectedFault         a failure injected on purpose (MMGATE_CHAOS__*, reliability runs)
+     ├── InjectedFault         a failure injected on purpose (MMGATE_CHAOS__*, reliability runs)
      ├── AdapterNotFound       an adapter the server does not serve, or the caller may not use
      ├── AdapterRefused        an adapter load refused: the folder, its rank or its shapes
      ├── Unauthenticated       no credential, or one mmgate does not know
      ├── NotPermitted          a known caller asking for what its role may not do
      ├── EntryNotFound         another tenant's entry: answered as if there were none
+     ├── Draining              the server is shutting down: it starts no new call
+     ├── ServerOverloaded      the server's own limit of concurrent requests is in use
      └── TenantOverloaded      the tenant's own share of concurrent requests is in use
 
 The cache actor's own errors (cache_actor.errors) stay its own; services/api/status.py maps both
-trees, and anything else, to one status each.
+trees, and anything else, to one status each (its table, STATUSES).
 """
 
 from __future__ import annotations
@@ -148,6 +152,22 @@ class EntryNotFound(MmgateError, LookupError):
     that tenant holds it or not, so the answer leaks nothing."""
 
 
+class Draining(MmgateError):
+    """The server is shutting down: calls in progress finish, no new one starts."""
+
+    def __init__(self) -> None:
+        super().__init__("the server is shutting down")
+
+
+class ServerOverloaded(MmgateError):
+    """The server's limit of concurrent requests is in use (for a tenant: the limit less the
+    admins' reserve)."""
+
+    def __init__(self, active: int) -> None:
+        super().__init__(f"{active} requests in progress; try again later")
+        self.active = active
+
+
 class TenantOverloaded(MmgateError):
     """The tenant's own share of concurrent requests is in use."""
 
@@ -160,6 +180,7 @@ class TenantOverloaded(MmgateError):
 __all__ = [
     "AdapterNotFound",
     "AdapterRefused",
+    "Draining",
     "EngineUnavailable",
     "EntryNotFound",
     "ImageFetchFailed",
@@ -170,6 +191,7 @@ __all__ = [
     "MmgateError",
     "ModelTakesNoImages",
     "NotPermitted",
+    "ServerOverloaded",
     "TenantOverloaded",
     "Unauthenticated",
     "UrlNotAllowed",

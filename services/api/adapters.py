@@ -9,7 +9,7 @@ LoadAdapter(name, path): an admin's; the path resolved (links followed) under th
 
 from __future__ import annotations
 
-from ..engine.worker import EngineWorker
+from ..engine.protocol import ServedEngine
 from ..errors import AdapterNotFound, NotPermitted
 from ..proto.mmgate.v1 import inference_pb2 as pb
 from ..types import AdapterRef
@@ -17,7 +17,7 @@ from ..wire import ADMIN_ONLY
 from .auth import Caller
 
 
-def adapter_for(caller: Caller, named: str, engine: EngineWorker) -> AdapterRef | None:
+def adapter_for(caller: Caller, named: str, engine: ServedEngine) -> AdapterRef | None:
     """The adapter a request is answered through; None: the base model."""
     name = named or caller.default_adapter
     if not name:
@@ -27,7 +27,7 @@ def adapter_for(caller: Caller, named: str, engine: EngineWorker) -> AdapterRef 
     return engine.adapter(name)
 
 
-def usable(caller: Caller, engine: EngineWorker) -> list[pb.Adapter]:
+def usable(caller: Caller, engine: ServedEngine) -> list[pb.Adapter]:
     """The adapters served now that ``caller`` may name, by name."""
     refs = sorted(engine.served_adapters(), key=lambda ref: ref.name)
     return [adapter_message(ref) for ref in refs if caller.may_use(ref.name)]

@@ -1,10 +1,13 @@
 """Admission: whether a call may start work now, and what is in progress.
 
-    admission.enter(tenant) ─▶ draining? ─▶ UNAVAILABLE (DRAINING)
+    admission.enter(tenant) ─▶ draining? ─▶ Draining
                             ─▶ the server's limit reached (for a tenant: its limit less the
-                               admins' reserve)? ─▶ RESOURCE_EXHAUSTED (OVERLOADED)
-                            ─▶ the tenant's share reached? ─▶ RESOURCE_EXHAUSTED (TENANT_OVERLOADED)
+                               admins' reserve)? ─▶ ServerOverloaded
+                            ─▶ the tenant's share reached? ─▶ TenantOverloaded
                             ─▶ counted until the block ends, however it ends
+
+Each refusal is a domain error (services/errors.py); status.py's table makes it UNAVAILABLE
+(DRAINING) or RESOURCE_EXHAUSTED (OVERLOADED, TENANT_OVERLOADED) for the caller.
 
 One object for every call that does a request's work (Inference.Generate and Complete,
 Cache.Prefetch): the counts it keeps are what GetStats, the metrics and the drain at shutdown read.
@@ -17,9 +20,11 @@ import contextlib
 from collections.abc import Iterator
 from typing import final
 
-from ..errors import TenantOverloaded
+from prometheus_client.core import Metric
+
+from ..errors import Draining, ServerOverloaded, TenantOverloaded
+from ..observability.metric_families import admission_families
 from .quotas import TenantQuotas
-from .status import draining, overloaded
 
 
 @final
@@ -38,13 +43,17 @@ class Admission:
         self.draining = False
         self._idle = asyncio.Event()
 
+    def collect(self) -> Iterator[Metric]:
+        """Calls in progress and the server's limit (metrics.py)."""
+        return admission_families(self.active, self.limit)
+
     @contextlib.contextmanager
     def enter(self, tenant: str, *, admin: bool = False) -> Iterator[None]:
         """Count the block as one call of ``tenant``'s, or raise why it may not start now."""
         if self.draining:
-            raise draining()
+            raise Draining()
         if self.active >= self.limit - (0 if admin else self.admin_reserve):
-            raise overloaded(self.active)
+            raise ServerOverloaded(self.active)
         held = self.by_tenant.get(tenant, 0)
         if held >= self.quotas.concurrent_requests():
             raise TenantOverloaded(tenant, held)

@@ -17,10 +17,9 @@ from typing import Any, Final, final
 
 import grpc
 
-from cache_actor import CacheEvent, EntryInfo, TenantStats, Watcher
+from cache_actor import CacheEvent, EntryInfo, Stage, TenantStats, Watcher
 
 from ..config import Settings
-from ..engine.worker import EngineWorker
 from ..errors import EntryNotFound, InvalidRequest, NotPermitted, Violation
 from ..keys import is_hex_key
 from ..pipeline.cache_front import CacheFront
@@ -29,18 +28,17 @@ from ..pipeline.tenancy import Isolation
 from ..proto.mmgate.v1 import cache_pb2 as pb
 from ..proto.mmgate.v1 import cache_pb2_grpc
 from ..proto.mmgate.v1 import inference_pb2 as inference_pb
-from ..types import EngineHealth
 from ..wire import ADMIN_ONLY, TENANT_OVERLOADED, is_digest
 from .admission import Admission
 from .auth import Caller, checked_label, current_caller
+from .health import HealthMonitor
 from .metadata import call_deadline
-from .status import ServiceError, abort, from_exception
+from .status import ServiceError, answering
 from .validation import image_input, image_violations
 
 _ACTOR_FIELDS = frozenset(pb.ActorStats.DESCRIPTOR.fields_by_name) - {"hit_ratio"}
-# what Cache.Watch may be narrowed to ("" : every stage)
-WATCH_STAGES: Final = ("", "prompt", "image", "embedding", "response", "fetch")
-_IMAGE_STAGES: Final = frozenset({"image", "embedding"})
+# what Cache.Watch may be narrowed to (Stage.ANY, "": every stage)
+WATCH_STAGES: Final = frozenset(Stage)
 
 
 def _checked_key(key: str) -> str:
@@ -75,7 +73,7 @@ def _watch_event(event: CacheEvent) -> pb.WatchEvent:
         tenant=event.tenant,
         stage=event.stage,
         key=event.key,
-        digest=event.label if event.stage in _IMAGE_STAGES else "",
+        digest=event.label if event.stage.is_media else "",
         bytes=event.nbytes,
         tier=event.tier or "",
         snapshot=event.kind == "held",
@@ -103,16 +101,16 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         pipeline: PipelineRef,
         isolation: Isolation,
         admission: Admission,
-        engine: EngineWorker,
-        engine_health: Callable[[], EngineHealth],
+        monitor: HealthMonitor,
     ) -> None:
         self.settings = settings
         self.cache = cache
         self.pipeline = pipeline
         self.isolation = isolation
         self.admission = admission
-        self.engine = engine
-        self.engine_health = engine_health
+        # the engine as the watchdog sees it: GetStats answers before the engine has started
+        self.engine = monitor.engine
+        self.engine_health = monitor.engine_health
         # Cache.Watch streams open, by the caller's tenant; a tenant leaves when its last ends
         self._watching: dict[str, int] = {}
 
@@ -120,10 +118,9 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetStatsResponse:
         caller = current_caller()
-        if request.all_tenants and not caller.admin:
-            await abort(
-                context, from_exception(NotPermitted("all_tenants is an admin's", ADMIN_ONLY))
-            )
+        async with answering(context):
+            if request.all_tenants and not caller.admin:
+                raise NotPermitted("all_tenants is an admin's", ADMIN_ONLY)
         media = self.pipeline.media_stats
         response = pb.GetStatsResponse(
             model=self.engine.model_name,
@@ -174,7 +171,7 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
     ) -> pb.PrefetchResponse:
         caller = current_caller()
         tenant = caller.tenant
-        try:
+        async with answering(context):
             with self.admission.enter(tenant, admin=caller.admin):
                 deadline = call_deadline(context, self.settings.default_deadline_seconds)
                 pipeline = self.pipeline.get()
@@ -191,8 +188,6 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
                     raise InvalidRequest(
                         [Violation("data", v.description) for v in invalid.violations]
                     ) from None
-        except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
-            await abort(context, from_exception(exc))
         return pb.PrefetchResponse(
             digest=report.digest, outcome=report.outcome, tier=report.tier, form=report.form
         )
@@ -200,7 +195,7 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
     async def Inspect(
         self, request: pb.InspectRequest, context: grpc.aio.ServicerContext
     ) -> pb.InspectResponse:
-        try:
+        async with answering(context):
             key, digest = _target(request.key, request.digest)
             tenant = _entries_of(current_caller(), request.tenant)
             media_tenant = self.isolation.media_tenant(tenant)
@@ -215,8 +210,6 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
                 )
                 for stage, k in self.pipeline.get().media.stage_keys(digest).items()
             ]
-        except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
-            await abort(context, from_exception(exc))
         held = [s for s in stages if s.state != "absent"]
         return pb.InspectResponse(
             key=digest,
@@ -228,13 +221,13 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
     async def Invalidate(
         self, request: pb.InvalidateRequest, context: grpc.aio.ServicerContext
     ) -> pb.InvalidateResponse:
-        try:
+        async with answering(context):
             key, digest = _target(request.key, request.digest)
             tenant = _entries_of(current_caller(), request.tenant)
             media_tenant = self.isolation.media_tenant(tenant)
             # (tenant, stage, key): an image's keys by stage, in the images' namespace; a raw
             # key may be in any stage, in the tenant's namespace or (media shared) the shared one
-            keys: list[tuple[str, str | None, str]]
+            keys: list[tuple[str, Stage | None, str]]
             if key:
                 keys = [(t, None, key) for t in dict.fromkeys((tenant, media_tenant))]
             else:
@@ -243,8 +236,6 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
             removed = [
                 await self.cache.invalidate(k, tenant=t, stage=stage) for t, stage, k in keys
             ]
-        except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
-            await abort(context, from_exception(exc))
         return pb.InvalidateResponse(removed=any(removed))
 
     async def Watch(self, request: pb.WatchRequest, context: grpc.aio.ServicerContext) -> None:
@@ -260,12 +251,12 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         RESOURCE_EXHAUSTED, its slot given back at once; it resumes from the last sequence
         number it saw."""
         caller = current_caller()
-        try:
+        async with answering(context):
             if request.all_tenants and not caller.admin:
                 raise NotPermitted("all_tenants is an admin's", ADMIN_ONLY)
             if request.stage not in WATCH_STAGES:
                 raise InvalidRequest(
-                    [Violation("stage", "one of " + ", ".join(s for s in WATCH_STAGES if s))]
+                    [Violation("stage", "one of " + ", ".join(s for s in Stage if s))]
                 )
             tenants = (
                 None if request.all_tenants else frozenset({_entries_of(caller, request.tenant)})
@@ -278,11 +269,9 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
             except BaseException:
                 release()
                 raise
-        except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
-            await abort(context, from_exception(exc))
         idle = self.settings.cache.watch_idle_seconds
         try:
-            await _stream(context, watcher, first, request.stage, idle)
+            await _stream(context, watcher, first, Stage(request.stage), idle)
         except TimeoutError:
             # a write held that long: the client reads nothing. Not abort(): its status would
             # wait behind the messages the client has not read, and so would this handler
@@ -319,7 +308,7 @@ async def _stream(
     context: grpc.aio.ServicerContext,
     watcher: Watcher,
     first: list[CacheEvent],
-    stage: str,
+    stage: Stage,
     idle: float,
 ) -> None:
     """A watcher's messages, each write bounded by ``idle`` (TimeoutError beyond it), until
@@ -331,7 +320,7 @@ async def _stream(
             await context.write(message)
 
     for event in first:
-        if not stage or event.stage == stage:
+        if stage is Stage.ANY or event.stage == stage:
             await send(_watch_event(event))
     await send(pb.WatchEvent(sequence=watcher.since, kind="synced", snapshot=not watcher.resumed))
     while True:
@@ -339,7 +328,7 @@ async def _stream(
             if event.kind == "gap":
                 await send(_watch_event(event))
                 return  # behind, or the cache was emptied: it resumes or starts over
-            if not stage or event.stage == stage:
+            if stage is Stage.ANY or event.stage == stage:
                 await send(_watch_event(event))
 
 

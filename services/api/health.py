@@ -20,16 +20,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterator
 from typing import final
 
 from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
+from prometheus_client.core import Metric
 
 from cache_actor import CacheActorDead
 
 from ..config import HealthSettings
-from ..engine.worker import EngineWorker
+from ..engine.protocol import ServedEngine
 from ..observability.heartbeat import LoopHeartbeat
+from ..observability.metric_families import engine_health_families
 from ..pipeline.cache_front import CacheFront
 from ..types import EngineHealth, EngineState
 
@@ -50,7 +53,7 @@ class HealthMonitor:
         settings: HealthSettings,
         servicer: HealthServicer,
         cache: CacheFront,
-        engine: EngineWorker,
+        engine: ServedEngine,
         readiness_services: tuple[str, ...],
     ) -> None:
         self.settings = settings
@@ -109,6 +112,10 @@ class HealthMonitor:
             seconds_since_step=progress.silence(time.monotonic()),
             stalls=self.stalls,
         )
+
+    def collect(self) -> Iterator[Metric]:
+        """The engine as the watchdog sees it (metrics.py)."""
+        return engine_health_families(self.engine_health())
 
     def _engine_state(self) -> EngineState:
         engine = self.engine

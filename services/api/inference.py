@@ -25,7 +25,7 @@ from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from google.protobuf.message import Message
 
 from ..config import Settings
-from ..engine.worker import EngineWorker
+from ..engine.protocol import ServedEngine
 from ..pipeline.generation import Pipeline, PipelineRef
 from ..pipeline.request import Request, loop_deadline
 from ..proto.mmgate.v1 import inference_pb2 as pb
@@ -49,7 +49,7 @@ from .admission import Admission
 from .auth import Caller, current_caller
 from .metadata import call_deadline, trace_headers
 from .priorities import priority_of, scheduling_message
-from .status import ServiceError, abort, answer_too_large, from_exception
+from .status import abort, answer_too_large, answering
 from .validation import MAX_LOGPROBS, validate
 
 # log-probability positions converted into an answer between two turns of the event loop (at
@@ -69,7 +69,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         settings: Settings,
         pipeline: PipelineRef,
         admission: Admission,
-        engine: EngineWorker,
+        engine: ServedEngine,
     ) -> None:
         self.settings = settings
         self.pipeline = pipeline
@@ -131,11 +131,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     async def GetModelInfo(
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInfo:
-        try:
+        async with answering(context):
             pipeline = self.pipeline.get()
             facts = self.engine.facts()
-        except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
-            await abort(context, from_exception(exc))
         settings, caller = self.settings, current_caller()
         return pb.ModelInfo(
             model=self.engine.model_name,
@@ -168,25 +166,21 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     async def LoadAdapter(
         self, request: pb.LoadAdapterRequest, context: grpc.aio.ServicerContext
     ) -> pb.LoadAdapterResponse:
-        try:
+        async with answering(context):
             admin_only(current_caller(), "LoadAdapter")
             deadline = call_deadline(context, self.settings.default_deadline_seconds)
             # a load cut short changes nothing mmgate serves (the engine may keep a copy it
             # never uses, until it evicts it)
             async with asyncio.timeout_at(loop_deadline(deadline)):
                 ref, replaced = await self.engine.load_adapter(request.name, request.path)
-        except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
-            await abort(context, from_exception(exc))
         return pb.LoadAdapterResponse(adapter=adapter_message(ref), replaced=replaced)
 
     async def UnloadAdapter(
         self, request: pb.UnloadAdapterRequest, context: grpc.aio.ServicerContext
     ) -> pb.UnloadAdapterResponse:
-        try:
+        async with answering(context):
             admin_only(current_caller(), "UnloadAdapter")
             running = self.engine.unload_adapter(request.name)
-        except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
-            await abort(context, from_exception(exc))
         return pb.UnloadAdapterResponse(requests_running=running)
 
     # ── one call ────────────────────────────────────────────────────────────────────────────
@@ -195,9 +189,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         self, message: pb.GenerateRequest, context: grpc.aio.ServicerContext, *, whole: bool = False
     ) -> AsyncGenerator[EngineDelta | Finished, None]:
         caller = current_caller()
-        error: ServiceError | None = None
         finished: Finished | None = None
-        try:
+        async with answering(context):
             with self.admission.enter(caller.tenant, admin=caller.admin):
                 deadline = call_deadline(context, self.settings.default_deadline_seconds)
                 pipeline = self.pipeline.get()
@@ -210,10 +203,6 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                                 finished = event  # the last event: sent once the call is done
                             else:
                                 yield event
-        except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
-            error = from_exception(exc)
-        if error is not None:
-            await abort(context, error)
         if finished is not None:
             # after the call's admission and engine slots are released: a caller that sends its
             # next request the moment it has this answer is never refused for this one

@@ -1,33 +1,21 @@
 """How failures reach a client: one gRPC status per failure, with google.rpc details.
 
-InvalidRequest                 INVALID_ARGUMENT   + BadRequest naming each field
-over capacity, CacheOverloaded RESOURCE_EXHAUSTED + ErrorInfo(reason=OVERLOADED)
-ImageNotHeld (image digest)    NOT_FOUND          + ErrorInfo(reason=IMAGE_NOT_FOUND, digest, index)
-ComputeTimeout, deadline       DEADLINE_EXCEEDED
-CacheActorDead, engine down    UNAVAILABLE        + ErrorInfo(reason=...)
-InjectedFault (chaos runs)     UNAVAILABLE        + ErrorInfo(reason=INJECTED_FAULT)
-ModelTakesNoImages             FAILED_PRECONDITION + ErrorInfo(reason=MODEL_TAKES_NO_IMAGES)
-Unauthenticated                UNAUTHENTICATED    + ErrorInfo(reason=CREDENTIALS_MISSING|_INVALID)
-NotPermitted                   PERMISSION_DENIED  + ErrorInfo(reason=TENANT_MISMATCH|ADMIN_ONLY)
-EntryNotFound                  NOT_FOUND          + ErrorInfo(reason=ENTRY_NOT_FOUND)
-AdapterNotFound                NOT_FOUND          + ErrorInfo(reason=ADAPTER_NOT_FOUND)
-AdapterRefused (a load)        INVALID_ARGUMENT   + BadRequest + ErrorInfo(reason=ADAPTER_REFUSED)
-TenantOverloaded               RESOURCE_EXHAUSTED + ErrorInfo(reason=TENANT_OVERLOADED) + RetryInfo
-UrlNotAllowed (image URL)      PERMISSION_DENIED  + ErrorInfo(reason=URL_NOT_ALLOWED, rule, index)
-ImageFetchFailed               DEADLINE_EXCEEDED (timeout), UNAVAILABLE (connection, upstream 5xx)
-                               or FAILED_PRECONDITION (upstream 4xx, not an image, too large)
-                               + ErrorInfo(reason=IMAGE_FETCH_FAILED, index, upstream_status)
-an answer past the send limit  RESOURCE_EXHAUSTED + ErrorInfo(reason=ANSWER_TOO_LARGE)
-CacheRecursionError            INTERNAL           (the cycle goes to the log, not the client)
-anything else                  INTERNAL           (the log has it; the client gets no class name)
+    a servicer method ─▶ async with answering(context): its work ─▶ raises
+        ─▶ from_exception: the exception's classes, its own first (its MRO), looked up in
+           STATUSES; the first one there makes the status ─▶ abort(context, status)
+
+STATUSES is the one list of what each failure is told; anything not named in it is INTERNAL (the
+log has it, the client gets no class name).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
-from typing import NoReturn
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Final, NoReturn
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
@@ -38,12 +26,12 @@ from cache_actor import (
     CacheActorDead,
     CacheOverloaded,
     CacheRecursionError,
-    ComputeTimeout,
 )
 
 from ..errors import (
     AdapterNotFound,
     AdapterRefused,
+    Draining,
     EngineUnavailable,
     EntryNotFound,
     ImageFetchFailed,
@@ -52,6 +40,7 @@ from ..errors import (
     InvalidRequest,
     ModelTakesNoImages,
     NotPermitted,
+    ServerOverloaded,
     TenantOverloaded,
     Unauthenticated,
     UrlNotAllowed,
@@ -75,11 +64,13 @@ from ..wire import (
     URL_NOT_ALLOWED,
 )
 
+Code = grpc.StatusCode
+
 # ImageFetchFailed.kind -> the status a caller retries on, or not
 _FETCH_CODES = {
-    "timeout": grpc.StatusCode.DEADLINE_EXCEEDED,
-    "unavailable": grpc.StatusCode.UNAVAILABLE,
-    "refused": grpc.StatusCode.FAILED_PRECONDITION,
+    "timeout": Code.DEADLINE_EXCEEDED,
+    "unavailable": Code.UNAVAILABLE,
+    "refused": Code.FAILED_PRECONDITION,
 }
 
 # What a refused-for-load caller is told to wait before trying again (google.rpc.RetryInfo).
@@ -143,118 +134,126 @@ class ServiceError(Exception):
         )
 
 
-def draining() -> ServiceError:
-    return ServiceError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down", reason=DRAINING)
-
-
-def overloaded(active: int) -> ServiceError:
-    return ServiceError(
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        f"{active} requests in progress; try again later",
-        reason=OVERLOADED,
-        retry_after=RETRY_AFTER_SECONDS,
-    )
-
-
 def answer_too_large(size: int, limit: int) -> ServiceError:
     return ServiceError(
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        Code.RESOURCE_EXHAUSTED,
         f"the answer is {size} bytes, more than the {limit} this server sends in one message;"
         " stream it with Generate, or ask for fewer samples, tokens or log-probabilities",
         reason=ANSWER_TOO_LARGE,
     )
 
 
+# How one failure becomes its status: an entry of STATUSES.
+ToStatus = Callable[[Any], ServiceError]
+
+
 def invalid(violations: list[Violation]) -> ServiceError:
     message = "; ".join(f"{v.field}: {v.description}" for v in violations)
-    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, message, violations=violations)
+    return ServiceError(Code.INVALID_ARGUMENT, message, violations=violations)
+
+
+def _said(code: grpc.StatusCode, reason: str, *, retry: bool = False) -> ToStatus:
+    """The failure's own message, with ``code`` and ``reason`` (``retry``: and RetryInfo)."""
+    retry_after = RETRY_AFTER_SECONDS if retry else None
+    return lambda exc: ServiceError(code, str(exc), reason=reason, retry_after=retry_after)
+
+
+def _own_reason(code: grpc.StatusCode) -> ToStatus:
+    """The failure's own message and the reason it carries, with ``code``."""
+    return lambda exc: ServiceError(code, str(exc), reason=exc.reason)
+
+
+def _adapter_refused(exc: AdapterRefused) -> ServiceError:
+    return ServiceError(
+        Code.INVALID_ARGUMENT,
+        f"adapter refused, nothing changed: {exc}",
+        reason=ADAPTER_REFUSED,
+        violations=[Violation(exc.field, exc.description)],
+    )
+
+
+def _image_not_held(exc: ImageNotHeld) -> ServiceError:
+    metadata = {"digest": exc.digest, "index": str(exc.index)}
+    return ServiceError(Code.NOT_FOUND, str(exc), reason=IMAGE_NOT_FOUND, metadata=metadata)
+
+
+def _url_not_allowed(exc: UrlNotAllowed) -> ServiceError:
+    metadata = {"rule": exc.rule, "index": str(exc.index)}
+    return ServiceError(Code.PERMISSION_DENIED, str(exc), reason=URL_NOT_ALLOWED, metadata=metadata)
+
+
+def _fetch_failed(exc: ImageFetchFailed) -> ServiceError:
+    metadata = {"index": str(exc.index), "upstream_status": str(exc.upstream_status)}
+    return ServiceError(
+        _FETCH_CODES[exc.kind], str(exc), reason=IMAGE_FETCH_FAILED, metadata=metadata
+    )
+
+
+def _cache_recursion(exc: CacheRecursionError) -> ServiceError:
+    log.error("cache recursion refused: %s (cycle %s)", exc, " -> ".join(exc.cycle))
+    return ServiceError(Code.INTERNAL, "internal error: a cache lookup would wait on itself")
+
+
+def _engine_failed(exc: BaseException) -> ServiceError:
+    # vLLM's own words point at its log ("See stack trace (above)"): the log has them
+    log.error("the engine has failed: %s", exc)
+    return ServiceError(Code.UNAVAILABLE, "the engine has failed", reason=ENGINE_UNAVAILABLE)
+
+
+def _internal(exc: BaseException) -> ServiceError:
+    log.exception("request failed", exc_info=exc)
+    return ServiceError(Code.INTERNAL, f"internal error: {type(exc).__name__}")
+
+
+# What each failure is told. from_exception walks the exception's classes, its own first (its
+# MRO), and the first one named here decides. A string names a class that services.api may not
+# import (vLLM's: the import contracts), matched by its name.
+STATUSES: Final[Mapping[type[BaseException] | str, ToStatus]] = {
+    ServiceError: lambda exc: exc,  # a status made already (a watcher past its tenant's limit)
+    # the request as sent: + BadRequest naming each field
+    InvalidRequest: lambda exc: invalid(exc.violations),
+    AdapterRefused: _adapter_refused,
+    ModelTakesNoImages: _said(Code.FAILED_PRECONDITION, MODEL_TAKES_NO_IMAGES),
+    # who asks: the reason is the failure's own
+    Unauthenticated: _own_reason(Code.UNAUTHENTICATED),  # CREDENTIALS_MISSING or _INVALID
+    NotPermitted: _own_reason(Code.PERMISSION_DENIED),  # TENANT_MISMATCH or ADMIN_ONLY
+    # not there, or not there for this caller: one answer either way, so nothing leaks
+    EntryNotFound: _said(Code.NOT_FOUND, ENTRY_NOT_FOUND),
+    AdapterNotFound: _said(Code.NOT_FOUND, ADAPTER_NOT_FOUND),
+    ImageNotHeld: _image_not_held,  # + the digest and its index: resend the bytes
+    # image URLs: the rule, or the upstream's status, never an internal host or a body
+    UrlNotAllowed: _url_not_allowed,
+    ImageFetchFailed: _fetch_failed,  # its code by kind: _FETCH_CODES
+    # refused for load; RetryInfo where the server knows its own wait
+    Draining: _said(Code.UNAVAILABLE, DRAINING),
+    ServerOverloaded: _said(Code.RESOURCE_EXHAUSTED, OVERLOADED, retry=True),
+    TenantOverloaded: _said(Code.RESOURCE_EXHAUSTED, TENANT_OVERLOADED, retry=True),
+    CacheOverloaded: _said(Code.RESOURCE_EXHAUSTED, OVERLOADED),
+    # the deadline: the cache's ComputeTimeout is a TimeoutError too
+    TimeoutError: lambda exc: ServiceError(Code.DEADLINE_EXCEEDED, f"deadline exceeded: {exc}"),
+    # parts of the server out of service, in mmgate's words (the actor's may name its crash)
+    CacheActorDead: lambda exc: ServiceError(
+        Code.UNAVAILABLE, "the cache is not available", reason=CACHE_UNAVAILABLE
+    ),
+    EngineUnavailable: lambda exc: ServiceError(
+        Code.UNAVAILABLE, str(exc) or "the engine is not available", reason=ENGINE_UNAVAILABLE
+    ),
+    "EngineDeadError": _engine_failed,
+    InjectedFault: _said(Code.UNAVAILABLE, INJECTED_FAULT),  # chaos runs
+    # mmgate's own faults: the log has them, the client a plain INTERNAL
+    CacheRecursionError: _cache_recursion,
+    BaseException: _internal,  # anything else
+}
 
 
 def from_exception(exc: BaseException) -> ServiceError:
-    """The status a failure inside a request ends with."""
-    if isinstance(exc, ServiceError):
-        return exc
-    if isinstance(exc, InvalidRequest):
-        return invalid(exc.violations)
-    if isinstance(exc, ModelTakesNoImages):
-        return ServiceError(
-            grpc.StatusCode.FAILED_PRECONDITION, str(exc), reason=MODEL_TAKES_NO_IMAGES
-        )
-    if isinstance(exc, Unauthenticated):
-        return ServiceError(grpc.StatusCode.UNAUTHENTICATED, str(exc), reason=exc.reason)
-    if isinstance(exc, NotPermitted):
-        return ServiceError(grpc.StatusCode.PERMISSION_DENIED, str(exc), reason=exc.reason)
-    if isinstance(exc, EntryNotFound):
-        return ServiceError(grpc.StatusCode.NOT_FOUND, str(exc), reason=ENTRY_NOT_FOUND)
-    if isinstance(exc, AdapterNotFound):
-        return ServiceError(grpc.StatusCode.NOT_FOUND, str(exc), reason=ADAPTER_NOT_FOUND)
-    if isinstance(exc, AdapterRefused):
-        return ServiceError(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"adapter refused, nothing changed: {exc}",
-            reason=ADAPTER_REFUSED,
-            violations=[Violation(exc.field, exc.description)],
-        )
-    if isinstance(exc, TenantOverloaded):
-        return ServiceError(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            str(exc),
-            reason=TENANT_OVERLOADED,
-            retry_after=RETRY_AFTER_SECONDS,
-        )
-    if isinstance(exc, ImageNotHeld):
-        return ServiceError(
-            grpc.StatusCode.NOT_FOUND,
-            str(exc),
-            reason=IMAGE_NOT_FOUND,
-            metadata={"digest": exc.digest, "index": str(exc.index)},
-        )
-    if isinstance(exc, UrlNotAllowed):
-        return ServiceError(
-            grpc.StatusCode.PERMISSION_DENIED,
-            str(exc),
-            reason=URL_NOT_ALLOWED,
-            metadata={"rule": exc.rule, "index": str(exc.index)},
-        )
-    if isinstance(exc, ImageFetchFailed):
-        return ServiceError(
-            _FETCH_CODES[exc.kind],
-            str(exc),
-            reason=IMAGE_FETCH_FAILED,
-            metadata={"index": str(exc.index), "upstream_status": str(exc.upstream_status)},
-        )
-    if isinstance(exc, CacheRecursionError):
-        log.error("cache recursion refused: %s (cycle %s)", exc, " -> ".join(exc.cycle))
-        return ServiceError(
-            grpc.StatusCode.INTERNAL, "internal error: a cache lookup would wait on itself"
-        )
-    if isinstance(exc, ComputeTimeout | TimeoutError):
-        return ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded: {exc}")
-    if isinstance(exc, CacheOverloaded):
-        return ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), reason=OVERLOADED)
-    if isinstance(exc, CacheActorDead):
-        # the actor's own message may name what crashed it: mmgate's words only
-        return ServiceError(
-            grpc.StatusCode.UNAVAILABLE,
-            "the cache is not available",
-            reason=CACHE_UNAVAILABLE,
-        )
-    if isinstance(exc, EngineUnavailable):
-        return ServiceError(
-            grpc.StatusCode.UNAVAILABLE,
-            str(exc) or "the engine is not available",
-            reason=ENGINE_UNAVAILABLE,
-        )
-    if isinstance(exc, InjectedFault):
-        return ServiceError(grpc.StatusCode.UNAVAILABLE, str(exc), reason=INJECTED_FAULT)
-    if type(exc).__name__ == "EngineDeadError":
-        # vLLM's own words point at its log ("See stack trace (above)"): the log has them
-        log.error("the engine has failed: %s", exc)
-        return ServiceError(
-            grpc.StatusCode.UNAVAILABLE, "the engine has failed", reason=ENGINE_UNAVAILABLE
-        )
-    log.exception("request failed", exc_info=exc)
-    return ServiceError(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+    """The status a failure inside a request ends with: STATUSES' entry for the first of the
+    exception's classes, in MRO order, that has one."""
+    for cls in type(exc).__mro__:
+        to_status = STATUSES.get(cls) or STATUSES.get(cls.__name__)
+        if to_status is not None:
+            return to_status(exc)
+    raise AssertionError("BaseException is in every exception's MRO")  # pragma: no cover
 
 
 async def abort(context: grpc.aio.ServicerContext, error: ServiceError) -> NoReturn:
@@ -272,3 +271,16 @@ async def abort(context: grpc.aio.ServicerContext, error: ServiceError) -> NoRet
         log.debug("a status for a call that has ended was not sent: %s", error.message)
         raise asyncio.CancelledError from None
     raise AssertionError("abort_with_status returned")  # pragma: no cover
+
+
+@contextlib.asynccontextmanager
+async def answering(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+    """``async with answering(context):`` around a servicer method's work: a failure inside ends
+    the call with its status. A status already sent (AbortError) and a cancellation pass as
+    they are."""
+    try:
+        yield
+    except grpc.aio.AbortError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one clear status
+        await abort(context, from_exception(exc))

@@ -11,11 +11,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cache_actor import Stage
+
 from ..client import MmgateClient
 from ..proto.mmgate.v1 import cache_pb2
 from . import arguments
 
-STAGES = ("prompt", "image", "embedding", "response", "fetch")
+STAGES = tuple(stage.value for stage in Stage if stage is not Stage.ANY)
 
 
 def add_parser(

@@ -200,7 +200,7 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--raw", action="store_true", help="no chat template")
     generate.add_argument("--max-tokens", type=int, default=128)
     generate.add_argument(
-        "--temperature", type=float, default=0.0, help="0 (the default here) is greedy"
+        "--temperature", type=float, default=0.0, help="0 is greedy (default %(default)s)"
     )
     generate.add_argument("--seed", type=int)
     generate.add_argument(
@@ -251,7 +251,7 @@ def _parser() -> argparse.ArgumentParser:
         type=arguments.positive,
         const=2.0,
         metavar="SECONDS",
-        help="redraw every SECONDS (default 2) until Ctrl-C",
+        help="redraw every SECONDS (default %(const)s) until Ctrl-C",
     )
     stats.add_argument(
         "--count", type=arguments.count, metavar="N", help="with --watch: stop after N tables"

@@ -5,7 +5,7 @@
 Each field's docstring is its help text in ``mmgate serve --help`` and its row in the settings
 tables of docs/service.md (``make settings-table``).
 
-    engine.py          EngineSettings, ThreadSettings, default_model_cache, home_model_cache
+    engine.py          EngineSettings, ThreadSettings, home_model_cache
     cache.py           CacheSettings (the actor's), MediaSettings, RedisSettings
     observability.py   TracingSettings, MetricsSettings, HealthSettings
     access.py          AuthSettings, Grant, TenantSettings, TenantScheduling, ConnectionSettings
@@ -15,9 +15,9 @@ tables of docs/service.md (``make settings-table``).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .access import (
@@ -36,7 +36,6 @@ from .engine import (
     EngineSettings,
     MiB,
     ThreadSettings,
-    default_model_cache,
     home_model_cache,
 )
 from .observability import HealthSettings, MetricsSettings, TracingSettings
@@ -59,10 +58,20 @@ class Settings(BaseSettings):
     """Address to listen on."""
     port: int = Field(50051, ge=0, le=65535)
     """Port to listen on (0: any free port)."""
-    # MMGATE_MODEL_CACHE reaches this field as any variable does: the default is the code's alone,
-    # the same on every machine (the docs print it)
+    # MMGATE_MODEL_CACHE reaches this field as any variable does, and nothing else reads it: the
+    # default is the code's alone, the same on every machine (the docs print it)
     model_cache: Path = Field(default_factory=home_model_cache)
     """Where converted models live (MMGATE_MODEL_CACHE)."""
+
+    @field_validator("model_cache", mode="before")
+    @classmethod
+    def _model_cache_as_written(cls, value: Any) -> Any:
+        # as a shell means it: empty (a manifest's blank value) is the default, not the working
+        # directory, and ~ the user's home, not a folder called "~"
+        if value == "":
+            return home_model_cache()
+        return Path(value).expanduser() if isinstance(value, str | Path) else value
+
     engine: EngineSettings = Field(default_factory=EngineSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
     media: MediaSettings = Field(default_factory=MediaSettings)
@@ -121,6 +130,12 @@ class Settings(BaseSettings):
         """The largest message the server sends (twice max_message_bytes, as it receives): an
         answer of many samples with log-probabilities can come near it."""
         return 2 * self.max_message_bytes
+
+
+def default_model_cache() -> Path:
+    """Where converted models live, as the settings read it (MMGATE_MODEL_CACHE, else
+    :func:`home_model_cache`): for code that holds no ``Settings`` (scripts, tests)."""
+    return Settings().model_cache
 
 
 __all__ = [

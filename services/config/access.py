@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, IPvAnyNetwork, model_validator
 
+from .cache import ACTOR_DEFAULTS
+
 TENANT_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 _TENANT = re.compile(TENANT_NAME[1:-1])
 
@@ -182,7 +184,7 @@ class TenantSettings(BaseModel):
     starts within an engine step however long the others' runs are (vLLM frees no running slot
     for a newcomer); the price: a tenant alone runs max_num_seqs minus this many at once. 0:
     every slot to whoever waits, and a newcomer waits for a run to end."""
-    max_labels: int = Field(1024, gt=0)
+    max_labels: int = Field(ACTOR_DEFAULTS.max_tenants, gt=0)
     """Tenants whose counters are kept; beyond it the longest idle are forgotten (in mode none
     any caller can name a new tenant)."""
     scheduling: dict[str, TenantScheduling] = Field(default_factory=dict)

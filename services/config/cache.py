@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from cache_actor import CacheConfig
+from cache_actor import CacheConfig, Journal
 
 from .engine import MiB
 
-# the actor's own defaults are the settings' (one source): filled in by name
-_ACTOR: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(CacheConfig)}
+# the cache actor's own defaults are the settings' (one source): a setting the actor or its
+# journal also takes reads its default from there (tenants' max_labels too: access.py)
+ACTOR_DEFAULTS: Final = CacheConfig()
 UrlScheme = Literal["https", "http"]
 
 
@@ -41,25 +41,25 @@ class CacheSettings(BaseModel):
 
     model_config = ConfigDict(use_attribute_docstrings=True)
 
-    max_bytes: int = Field(_ACTOR["max_bytes"], gt=0)
+    max_bytes: int = Field(ACTOR_DEFAULTS.max_bytes, gt=0)
     """Byte budget of the in-memory cache."""
     max_bytes_per_tenant: int | None = Field(None, gt=0)
     """One tenant's budget; unset: with more than one tenant configured, an equal share of
     max_bytes, else all of it."""
-    ttl_seconds: float | None = Field(_ACTOR["ttl_seconds"], gt=0)
+    ttl_seconds: float | None = Field(ACTOR_DEFAULTS.ttl_seconds, gt=0)
     """Drop entries older than this (memory hygiene)."""
-    mailbox_size: int = Field(_ACTOR["mailbox_size"], gt=0)
+    mailbox_size: int = Field(ACTOR_DEFAULTS.mailbox_size, gt=0)
     """Queued lookups before the cache refuses with RESOURCE_EXHAUSTED."""
-    compute_deadline: float = Field(_ACTOR["compute_deadline"], gt=0)
+    compute_deadline: float = Field(ACTOR_DEFAULTS.compute_deadline, gt=0)
     """A cache computation (tokenizing, decoding) is cancelled after this many seconds."""
-    stall_threshold: float = Field(_ACTOR["stall_threshold"], gt=0)
+    stall_threshold: float = Field(ACTOR_DEFAULTS.stall_threshold, gt=0)
     """A computation older than this many seconds is logged with its stack."""
     on_failure: Literal["compute", "fail"] = "compute"
     """When the cache actor cannot answer (dead, or stalled past the health monitor's ping):
     "compute": each request computes what it needs itself, uncached and uncoalesced, and a dead
     actor is replaced by an empty one (at most 3 times in 10 minutes); "fail": requests get
     UNAVAILABLE and liveness fails (docs/cache_actor.md)."""
-    max_watchers: int = Field(16, gt=0)
+    max_watchers: int = Field(Journal.DEFAULT_MAX_WATCHERS, gt=0)
     """Cache.Watch streams open at once; one more is refused with RESOURCE_EXHAUSTED."""
     max_watchers_per_tenant: int = Field(4, gt=0)
     """Cache.Watch streams one tenant may have open at once, within max_watchers (an admin's
@@ -73,9 +73,9 @@ class CacheSettings(BaseModel):
     watch_buffer: int = Field(256, gt=0)
     """Events held for a watcher that has not read them; one more and it gets a "gap" event
     and its stream ends (it resumes from its last sequence number, or from a snapshot)."""
-    watch_history: int = Field(4096, gt=0)
+    watch_history: int = Field(Journal.DEFAULT_HISTORY, gt=0)
     """Recent events kept, so that a watcher can resume from the last sequence number it saw."""
-    max_entry_fraction: float = Field(_ACTOR["max_entry_fraction"], gt=0, le=1)
+    max_entry_fraction: float = Field(ACTOR_DEFAULTS.max_entry_fraction, gt=0, le=1)
     """A value larger than this share of a tenant's budget is served but not stored (one request
     must not flush everyone's images): 25.6 MiB of the default 512 MiB."""
 
@@ -84,10 +84,11 @@ class CacheSettings(BaseModel):
         redis: RedisSettings | None = None,
         *,
         tenant_bytes: int | None = None,
-        max_tenants: int = 1024,
+        max_tenants: int,
     ) -> CacheConfig:
         """The actor's settings; with ``redis``, its second tier's bounds too. ``tenant_bytes``:
-        one tenant's budget where it is not set here (a fair share: api/quotas.py)."""
+        one tenant's budget where it is not set here (a fair share: api/quotas.py);
+        ``max_tenants``: the tenants whose counts are kept (``TenantSettings.max_labels``)."""
         tier: dict[str, Any] = {}
         if redis is not None:
             tier = {
@@ -177,7 +178,7 @@ class RedisSettings(BaseModel):
     """The URL names one node of a Redis Cluster."""
     tls_ca_file: Path | None = None
     """CA certificate that signed the server's (rediss:// with a private CA)."""
-    timeout_seconds: float = Field(_ACTOR["tier_timeout"], gt=0)
+    timeout_seconds: float = Field(ACTOR_DEFAULTS.tier_timeout, gt=0)
     """Bound on every Redis call, a value's check and decode included; beyond it, a miss."""
     embedding_ttl_seconds: float = Field(7 * 24 * 3600.0, gt=0)
     """How long an encoder output stays in Redis."""
@@ -185,11 +186,11 @@ class RedisSettings(BaseModel):
     """How long a finished shared response stays in Redis."""
     max_value_bytes: int = Field(32 * MiB, gt=0)
     """A larger value is not written (and one read back is refused)."""
-    write_queue: int = Field(_ACTOR["tier_write_queue"], gt=0)
+    write_queue: int = Field(ACTOR_DEFAULTS.tier_write_queue, gt=0)
     """Writes waiting for Redis; beyond this they are dropped, counted."""
-    breaker_failures: int = Field(_ACTOR["tier_breaker_failures"], gt=0)
+    breaker_failures: int = Field(ACTOR_DEFAULTS.tier_breaker_failures, gt=0)
     """Consecutive failed reads that open the circuit breaker."""
-    breaker_seconds: float = Field(_ACTOR["tier_breaker_seconds"], ge=0)
+    breaker_seconds: float = Field(ACTOR_DEFAULTS.tier_breaker_seconds, ge=0)
     """How long an open breaker stops asking Redis."""
     value_secret_file: Path | None = None
     """A file holding a secret shared by the replicas: each value then carries an HMAC-SHA256 of
@@ -197,4 +198,4 @@ class RedisSettings(BaseModel):
     unset: values are bound to their key by a checked header alone."""
 
 
-__all__ = ["CacheSettings", "MediaSettings", "RedisSettings"]
+__all__ = ["ACTOR_DEFAULTS", "CacheSettings", "MediaSettings", "RedisSettings"]

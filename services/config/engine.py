@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -17,17 +16,9 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def home_model_cache() -> Path:
-    """``~/.cache/mmgate/models``: outside the repository, so that a fresh clone or ``make clean``
-    does not redo the conversion."""
+    """``~/.cache/mmgate/models``, the default of ``Settings.model_cache``: outside the
+    repository, so that a fresh clone or ``make clean`` does not redo the conversion."""
     return Path.home() / ".cache" / "mmgate" / "models"
-
-
-def default_model_cache() -> Path:
-    """Where converted models live: ``$MMGATE_MODEL_CACHE``, else :func:`home_model_cache`."""
-    configured = os.environ.get("MMGATE_MODEL_CACHE")
-    if configured:
-        return Path(configured).expanduser()
-    return home_model_cache()
 
 
 class EngineSettings(BaseModel):
@@ -165,6 +156,5 @@ __all__ = [
     "EngineSettings",
     "MiB",
     "ThreadSettings",
-    "default_model_cache",
     "home_model_cache",
 ]

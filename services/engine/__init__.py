@@ -1,6 +1,8 @@
 """Everything that touches vLLM or torch: the engine worker, its stats, the vision encoder.
 
-protocol.py       Engine: what the pipeline needs of an engine (tests pass a fake)
+protocol.py       Engine: what the pipeline needs of an engine; ServedEngine: what the server
+                  needs besides; EngineFactory: what MmgateServer takes (tests pass a fake)
+plan.py           EnginePlan: what the engine starts with, decided before it starts
 worker.py         EngineWorker: one vLLM AsyncLLM, start, generate, abort, stats, close
 outputs.py        vLLM's RequestOutput read once, into EngineDelta
 stats.py          a vLLM stat logger into EngineStats and EngineTokenStats

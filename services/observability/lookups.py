@@ -1,40 +1,31 @@
 """Who watches the cache actor's lookups: traces and metrics, through one LookupHook.
 
-    cache.get(key) ─ lookup_started(tenant, key) ─▶ each hook ─▶ tokens (one per hook)
+    cache.get(key, tier=Stage.X.tier_use) ─ lookup_started(tenant, key, stage) ─▶ each hook
+                                                            ─▶ tokens (one per hook)
                    ─ lookup_finished(token, LookupEvent) ─▶ each hook with its own token
 
-The actor knows keys, not what they stand for; the service says which stage a lookup belongs to
-(``prompt``, ``response``, ``image``, ``embedding``) with :func:`stage`, a context variable the
-hooks read in ``lookup_started`` (it runs in the caller's task). Both hooks name a lookup's
-outcome with :func:`lookup_outcome`, so a span and a metric never disagree about one lookup.
+The actor knows keys, not what they stand for; each lookup names its ``Stage`` once, in the
+``TierUse`` it passes, and the actor hands it to the hooks. Both hooks name a lookup's stage with
+:func:`stage_label` and its outcome with :func:`lookup_outcome`, so a span and a metric never
+disagree about one lookup.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import dataclasses
-from collections.abc import Iterator, Sequence
-from typing import final
+from collections.abc import Sequence
+from typing import Final, final
 
-from cache_actor import CacheOverloaded, CacheRecursionError, LookupEvent, LookupHook
+from cache_actor import CacheOverloaded, CacheRecursionError, LookupEvent, LookupHook, Stage
 
-_STAGE: contextvars.ContextVar[str] = contextvars.ContextVar("mmgate_cache_stage", default="")
-
-
-@contextlib.contextmanager
-def stage(name: str) -> Iterator[None]:
-    """Lookups made inside belong to cache stage ``name``."""
-    token = _STAGE.set(name)
-    try:
-        yield
-    finally:
-        _STAGE.reset(token)
+# a lookup that named no stage, as metrics and spans call it
+OTHER_STAGE: Final = "other"
 
 
-def current_stage() -> str:
-    return _STAGE.get() or "other"
+def stage_label(stage: Stage) -> str:
+    """A lookup's stage in metrics and spans: its name, or "other" (``Stage.ANY``)."""
+    return stage.value or OTHER_STAGE
 
 
 def lookup_outcome(event: LookupEvent) -> str:
@@ -60,8 +51,8 @@ class Observers:
     def __init__(self, hooks: Sequence[LookupHook]) -> None:
         self.hooks = tuple(hooks)
 
-    def lookup_started(self, tenant: str, key: str) -> object:
-        return tuple(hook.lookup_started(tenant, key) for hook in self.hooks)
+    def lookup_started(self, tenant: str, key: str, stage: Stage) -> object:
+        return tuple(hook.lookup_started(tenant, key, stage) for hook in self.hooks)
 
     def lookup_finished(self, token: object, event: LookupEvent) -> None:
         assert isinstance(token, tuple)

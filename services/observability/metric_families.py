@@ -1,13 +1,16 @@
-"""What a scrape exports from the service's state: a ``Snapshot`` in, Prometheus families out.
+"""The service's Prometheus families, each built from the figures of the part that owns them.
+
+Every part (the cache front, the engine, the health monitor, the thread pools, admission, the
+chaos injector, the auth gate, the pipeline) has a ``collect()`` that reads its own figures and
+yields its families through one of these functions; the server adds the part to ``Metrics`` where
+it builds it (metrics.py runs every ``collect()`` on the event loop at each scrape).
 
 Names follow docs/observability.md, which lists every series: the prefix ``mmgate_``, base units,
 ``_total`` on counters only; the exception, ``vllm_cache_hit_rate``, is the page level's ratio."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
 from importlib import metadata
 from typing import get_args
 
@@ -19,58 +22,22 @@ from prometheus_client.core import (
     Metric,
 )
 
-from cache_actor import CacheStats, Outcome
+from cache_actor import CacheStats, Outcome, Stage
 
 from ..types import (
     TIME_TO_FIRST_TOKEN_BUCKETS,
-    AdapterStats,
     EngineHealth,
     EngineState,
     EngineStats,
     EngineTokenStats,
-    MediaStats,
     ThreadPoolStats,
 )
-from .adapter_metrics import adapter_families
-from .degraded_metrics import DegradedStats, WatchStats, degraded_families
 from .histograms import cumulative_buckets
-from .media_metrics import FetchStats, media_families
-from .queue_metrics import QueueStats, queue_families
 
 # the cache stages that hold images: the media level
-MEDIA_STAGES = frozenset({"image", "embedding"})
+MEDIA_STAGES = frozenset(stage for stage in Stage if stage.is_media)
 
 LookupKey = tuple[str, str, str]  # stage, outcome, tier
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """Everything a scrape reads from the service, taken at once on the event loop."""
-
-    cache: CacheStats
-    mailbox_capacity: int
-    lookups: Mapping[LookupKey, int]
-    engine: EngineStats
-    tokens: EngineTokenStats
-    engine_ready: bool
-    engine_health: EngineHealth
-    threads: tuple[ThreadPoolStats, ...]
-    model: str
-    media: MediaStats
-    media_mode: str
-    active_requests: int
-    max_concurrent_requests: int
-    loop_tasks: int  # asyncio tasks alive on the event loop
-    tier_refused: int  # second-tier values that failed a check
-    chaos_enabled: bool
-    chaos_injected: Mapping[tuple[str, str], int]  # (point, fault) -> times injected
-    # calls refused by authentication, by ErrorInfo reason
-    auth_refused: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    adapters: AdapterStats = dataclasses.field(default_factory=AdapterStats)
-    queue: QueueStats = dataclasses.field(default_factory=QueueStats)
-    degraded: DegradedStats = dataclasses.field(default_factory=DegradedStats)
-    watch: WatchStats = dataclasses.field(default_factory=WatchStats)
-    fetch: FetchStats = dataclasses.field(default_factory=FetchStats)  # images by URL
 
 
 def media_outcome(outcome: str, tier: str) -> str:
@@ -166,21 +133,8 @@ _ACTOR_COUNTERS = (
 )
 
 
-# (name, MediaStats field, help)
-def families(s: Snapshot) -> Iterator[Metric]:
-    yield from _cache_levels(s)
-    yield from _actor(s)
-    yield from _engine(s)
-    yield from media_families(s.media, s.fetch)
-    yield from _threads(s)
-    yield from _service(s)
-    yield from adapter_families(s.adapters)
-    yield from queue_families(s.queue)
-    yield from degraded_families(s.degraded, s.watch)
-
-
-def _cache_levels(s: Snapshot) -> Iterator[Metric]:
-    e = s.engine
+def cache_level_families(e: EngineStats, counts: Mapping[LookupKey, int]) -> Iterator[Metric]:
+    """The three cache levels: the engine's pages and prefixes, mmgate's media lookups."""
     for name, value, documentation in (
         (
             "mmgate_cache_page_queried_tokens_total",
@@ -205,7 +159,7 @@ def _cache_levels(s: Snapshot) -> Iterator[Metric]:
     ):
         yield CounterMetricFamily(name, documentation, value=value)
     # the plain hit and miss series exist from the start, so rate() over them has no gap
-    media = {("memory", "hit"): 0, ("none", "miss"): 0, **media_lookups(s.lookups)}
+    media = {("memory", "hit"): 0, ("none", "miss"): 0, **media_lookups(counts)}
     lookups = CounterMetricFamily(
         "mmgate_cache_media_lookups_total",
         "media level: image and encoder-output lookups in mmgate's cache, by tier (none: "
@@ -235,23 +189,25 @@ def _cache_levels(s: Snapshot) -> Iterator[Metric]:
     )
 
 
-def _actor(s: Snapshot) -> Iterator[Metric]:
+def lookup_families(counts: Mapping[LookupKey, int]) -> Iterator[Metric]:
     lookups = CounterMetricFamily(
         "mmgate_actor_lookups_total",
         "Cache actor lookups by stage, outcome (hit, miss, coalesced, rejected, timeout, "
         "cancelled, error) and tier (memory, a second tier's name, none: computed or failed).",
         labels=["stage", "outcome", "tier"],
     )
-    for (stage, outcome, tier), count in sorted(s.lookups.items()):
+    for (stage, outcome, tier), count in sorted(counts.items()):
         lookups.add_metric([stage, outcome, tier], count)
     yield lookups
-    c = s.cache
+
+
+def actor_families(c: CacheStats, mailbox_capacity: int) -> Iterator[Metric]:
     for name, field, documentation in _ACTOR_GAUGES:
         yield GaugeMetricFamily(name, documentation, value=float(getattr(c, field)))
     yield GaugeMetricFamily(
         "mmgate_actor_mailbox_capacity",
         "Requests the mailbox holds before lookups are refused.",
-        value=s.mailbox_capacity,
+        value=mailbox_capacity,
     )
     for name, field, documentation in _ACTOR_COUNTERS:
         yield CounterMetricFamily(name, documentation, value=getattr(c, field))
@@ -284,30 +240,22 @@ def _actor(s: Snapshot) -> Iterator[Metric]:
     if c.tier is not None:
         breaker.add_metric([c.tier], float(c.tier_breaker_open))
     yield breaker
+
+
+def tier_families(refused_values: int) -> Iterator[Metric]:
     refused = CounterMetricFamily(
         "mmgate_tier_refused_values_total",
         "Values read from the second tier that failed a check (format, length, digest): misses.",
     )
-    refused.add_metric([], s.tier_refused)
+    refused.add_metric([], refused_values)
     yield refused
 
 
-def _engine(s: Snapshot) -> Iterator[Metric]:
-    e, t = s.engine, s.tokens
+def engine_families(ready: bool, e: EngineStats, t: EngineTokenStats) -> Iterator[Metric]:
     for name, value, documentation in (
-        ("mmgate_engine_ready", float(s.engine_ready), "1 while the engine serves requests."),
+        ("mmgate_engine_ready", float(ready), "1 while the engine serves requests."),
         ("mmgate_engine_running_requests", e.running, "Requests the engine is running."),
         ("mmgate_engine_waiting_requests", e.waiting, "Requests queued in the engine."),
-        (
-            "mmgate_engine_in_flight_requests",
-            s.engine_health.in_flight,
-            "Engine requests mmgate has open (its own count: true when the engine is silent).",
-        ),
-        (
-            "mmgate_engine_seconds_since_step",
-            s.engine_health.seconds_since_step,
-            "Seconds without an engine step while requests are in flight (0 when idle).",
-        ),
         (
             "mmgate_engine_kv_cache_usage_ratio",
             e.kv_cache_usage,
@@ -332,21 +280,8 @@ def _engine(s: Snapshot) -> Iterator[Metric]:
             e.aborted,
             "Engine requests ended early: cancelled, deadline passed, or shut down.",
         ),
-        (
-            "mmgate_engine_stalls_total",
-            s.engine_health.stalls,
-            "Times requests were in flight and the engine did not step for engine_stall_seconds.",
-        ),
     ):
         yield CounterMetricFamily(name, documentation, value=value)
-    state = GaugeMetricFamily(
-        "mmgate_engine_state",
-        "1 for the engine's state as the watchdog sees it (serving, stalled, hung, failed...).",
-        labels=["state"],
-    )
-    for name in get_args(EngineState):
-        state.add_metric([name], float(name == s.engine_health.state))
-    yield state
     ttft = HistogramMetricFamily(
         "mmgate_engine_time_to_first_token_seconds",
         "From a request's arrival in the engine to its first generated token.",
@@ -356,7 +291,35 @@ def _engine(s: Snapshot) -> Iterator[Metric]:
     yield ttft
 
 
-def _threads(s: Snapshot) -> Iterator[Metric]:
+def engine_health_families(h: EngineHealth) -> Iterator[Metric]:
+    """The engine as the watchdog sees it (services/api/health.py)."""
+    yield GaugeMetricFamily(
+        "mmgate_engine_in_flight_requests",
+        "Engine requests mmgate has open (its own count: true when the engine is silent).",
+        value=h.in_flight,
+    )
+    yield GaugeMetricFamily(
+        "mmgate_engine_seconds_since_step",
+        "Seconds without an engine step while requests are in flight (0 when idle).",
+        value=h.seconds_since_step,
+    )
+    yield CounterMetricFamily(
+        "mmgate_engine_stalls_total",
+        "Times requests were in flight and the engine did not step for engine_stall_seconds.",
+        value=h.stalls,
+    )
+    state = GaugeMetricFamily(
+        "mmgate_engine_state",
+        "1 for the engine's state as the watchdog sees it (serving, stalled, hung, failed...).",
+        labels=["state"],
+    )
+    for name in get_args(EngineState):
+        state.add_metric([name], float(name == h.state))
+    yield state
+
+
+def thread_families(pools: Iterable[ThreadPoolStats]) -> Iterator[Metric]:
+    pools = tuple(pools)
     for name, documentation, value in (
         ("mmgate_stage_threads", "Threads of each pool of CPU-bound work.", "threads"),
         ("mmgate_stage_threads_busy", "Computations running in a pool's threads.", "busy"),
@@ -368,51 +331,63 @@ def _threads(s: Snapshot) -> Iterator[Metric]:
     ):
         # published names: the label `stage` holds the pool (docs/architecture.md, "Words")
         family = GaugeMetricFamily(name, documentation, labels=["stage"])
-        for stats in s.threads:
+        for stats in pools:
             family.add_metric([stats.pool], getattr(stats, value))
         yield family
 
 
-def _service(s: Snapshot) -> Iterator[Metric]:
+def admission_families(active: int, max_concurrent: int) -> Iterator[Metric]:
     yield GaugeMetricFamily(
         "mmgate_inference_active_requests",
         "Inference requests in progress (cache stages and engine).",
-        value=s.active_requests,
+        value=active,
     )
     yield GaugeMetricFamily(
         "mmgate_inference_max_concurrent_requests",
         "Requests in progress beyond which new ones get RESOURCE_EXHAUSTED.",
-        value=s.max_concurrent_requests,
+        value=max_concurrent,
     )
+
+
+def loop_task_families(tasks: int) -> Iterator[Metric]:
     yield GaugeMetricFamily(
         "mmgate_event_loop_tasks",
         "asyncio tasks alive on the service's event loop (one that only grows is a leak).",
-        value=s.loop_tasks,
+        value=tasks,
     )
+
+
+def chaos_families(enabled: bool, injected: Mapping[tuple[str, str], int]) -> Iterator[Metric]:
     yield GaugeMetricFamily(
         "mmgate_chaos_enabled",
         "1 while fault injection is on (MMGATE_CHAOS__ENABLED): failures are on purpose.",
-        value=float(s.chaos_enabled),
+        value=float(enabled),
     )
-    injected = CounterMetricFamily(
+    faults = CounterMetricFamily(
         "mmgate_chaos_faults_total",
         "Faults injected on purpose, by point (decode, encode, engine, loop_block) and fault.",
         labels=["point", "fault"],
     )
-    for (point, fault), count in sorted(s.chaos_injected.items()):
-        injected.add_metric([point, fault], count)
-    yield injected
+    for (point, fault), count in sorted(injected.items()):
+        faults.add_metric([point, fault], count)
+    yield faults
+
+
+def auth_families(refused_by_reason: Mapping[str, int]) -> Iterator[Metric]:
     refused = CounterMetricFamily(
         "mmgate_auth_refused_total",
         "Calls refused by authentication, by reason (UNTRUSTED_PEER: mesh mode, a connection "
         "that is not the sidecar's).",
         labels=["reason"],
     )
-    for reason, count in sorted(s.auth_refused.items()):
+    for reason, count in sorted(refused_by_reason.items()):
         refused.add_metric([reason], count)
     yield refused
+
+
+def info_families(model: str, media_mode: str) -> Iterator[Metric]:
     info = InfoMetricFamily("mmgate", "The model served, the media mode and mmgate's version.")
-    info.add_metric([], {"model": s.model, "media_mode": s.media_mode, "version": _VERSION})
+    info.add_metric([], {"model": model, "media_mode": media_mode, "version": _VERSION})
     yield info
 
 

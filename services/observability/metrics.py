@@ -3,15 +3,15 @@
     gRPC call ──▶ the API's MetricsInterceptor ─▶ grpc requests, durations, in flight ─┐
     cache.get ──▶ LookupMetrics (a LookupHook) ──▶ lookups by stage, outcome, tier ─┤ event loop
     vLLM step ──▶ EngineWorker's stat logger ──▶ EngineStats, EngineTokenStats      │
-    actor ──▶ CacheStats, media pipeline ──▶ MediaStats                             │
+    actor, queue, media, admission... ──▶ each part's own collect()                 │
                                                                                     ▼
-    scrape (http.py's own thread and loop) ── snapshot(), taken on the event loop ──▶ text
+    scrape (http.py's own thread and loop) ── every part's collect(), on the event loop ──▶ text
 
-What the actor, the engine and the media stage count already is read from their snapshots at
-scrape time (no second bookkeeping), through the snapshot function the server hands to
-``Metrics.start`` (the composition root wires; this module reaches into nothing). The snapshot
-is taken on the event loop, the only thread
-that touches their state; a loop too busy to answer within ``SNAPSHOT_TIMEOUT_SECONDS`` gets a
+What the actor, the engine and the media stage count already is read from them at scrape time
+(no second bookkeeping): each part has a ``collect()`` that yields its own families
+(metric_families.py), and the server adds the part here where it builds it (``Metrics.add``;
+this module reaches into nothing). Parts are collected on the event loop, the only thread that
+touches their state; a loop too busy to answer within ``SNAPSHOT_TIMEOUT_SECONDS`` gets a
 scrape without those series, counted in ``mmgate_metrics_stale_scrapes_total``, as does one the
 loop heartbeat (heartbeat.py) knows is blocked, at once; ``mmgate_event_loop_blocked`` comes from
 that thread, so a scrape says so while the loop is stuck.
@@ -28,8 +28,8 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any, final
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol, final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import (
@@ -39,14 +39,20 @@ from prometheus_client.core import (
     Metric,
 )
 
-from cache_actor import LookupEvent, LookupHook
+from cache_actor import LookupEvent, LookupHook, Stage
 
 from ..config import Settings
+from ..types import EngineStats
 from .heartbeat import LAG_BUCKETS, LoopHeartbeat
 from .histograms import cumulative_buckets
 from .http import MetricsHTTPServer
-from .lookups import current_stage, lookup_outcome
-from .metric_families import LookupKey, Snapshot, families
+from .lookups import OTHER_STAGE, lookup_outcome, stage_label
+from .metric_families import (
+    LookupKey,
+    cache_level_families,
+    lookup_families,
+    loop_task_families,
+)
 
 log = logging.getLogger("mmgate.metrics")
 
@@ -64,6 +70,12 @@ GRPC_BUCKETS = (
 )  # fmt: skip
 
 
+class Part(Protocol):
+    """What a part of the service gives metrics: its own families, read on the event loop."""
+
+    def collect(self) -> Iterable[Metric]: ...
+
+
 @final
 class LookupMetrics:
     """The LookupHook behind ``mmgate_actor_lookups_total`` and the lookup duration histogram.
@@ -79,12 +91,11 @@ class LookupMetrics:
         self.duration = duration
         self._durations: dict[str, Any] = {}  # a histogram child per stage, found once
 
-    def lookup_started(self, tenant: str, key: str) -> object:
-        # the stage is the caller's context variable: only here, in the caller's task, is it set
-        return current_stage()
+    def lookup_started(self, tenant: str, key: str, stage: Stage) -> object:
+        return stage_label(stage)  # the token: the label lookup_finished counts under
 
     def lookup_finished(self, token: object, event: LookupEvent) -> None:
-        stage = token if isinstance(token, str) else "other"
+        stage = token if isinstance(token, str) else OTHER_STAGE
         key = (stage, lookup_outcome(event), event.tier or "none")
         self.counts[key] = self.counts.get(key, 0) + 1
         child = self._durations.get(stage)
@@ -134,7 +145,8 @@ class Metrics:
         )
         self.lookup_hook: LookupHook | None = self._lookups if self.enabled else None
         self.registry.register(_ServiceCollector(self))
-        self._take: Callable[[], Snapshot] | None = None
+        # the parts whose figures a scrape reads, on the event loop: lookups first
+        self._parts: list[Part] = [self]
         self.heartbeat: LoopHeartbeat | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
@@ -143,15 +155,22 @@ class Metrics:
         self.stale_scrapes = 0
         self._stale_lock = threading.Lock()
 
-    def start(self, snapshot: Callable[[], Snapshot], heartbeat: LoopHeartbeat) -> None:
+    def add(self, *parts: Part) -> None:
+        """Export each part's families from now on (its ``collect()``, on the event loop)."""
+        self._parts.extend(parts)
+
+    def collect(self) -> Iterator[Metric]:
+        """Metrics' own loop-side families: lookups by stage, asyncio tasks."""
+        yield from lookup_families(self._lookups.counts)
+        yield from loop_task_families(len(asyncio.all_tasks()))
+
+    def start(self, heartbeat: LoopHeartbeat) -> None:
         """Serve /metrics on settings.metrics.host:port (sets self.port); on the event loop.
 
-        ``snapshot`` reads the service's state; it is called on this loop at each scrape.
         ``heartbeat`` says, from its own thread, whether this loop is blocked.
         """
         if self._http is not None:
             return
-        self._take = snapshot
         self.heartbeat = heartbeat
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
@@ -174,10 +193,13 @@ class Metrics:
 
     # ── scrapes ─────────────────────────────────────────────────────────────────────────────
 
-    def snapshot(self) -> Snapshot | None:
-        """The service's state now, taken on the event loop; None when it could not be."""
+    def _take(self) -> list[Metric]:
+        return [family for part in self._parts for family in part.collect()]
+
+    def snapshot(self) -> list[Metric] | None:
+        """Every part's families now, read on the event loop; None when they could not be."""
         take, loop = self._take, self._loop
-        if take is None:
+        if self.heartbeat is None:  # not started
             return None
         if loop is None or threading.get_ident() == self._loop_thread:
             return take()
@@ -186,7 +208,7 @@ class Metrics:
             with self._stale_lock:
                 self.stale_scrapes += 1
             return None
-        answer: concurrent.futures.Future[Snapshot] = concurrent.futures.Future()
+        answer: concurrent.futures.Future[list[Metric]] = concurrent.futures.Future()
 
         def run() -> None:
             if answer.set_running_or_notify_cancel():
@@ -208,7 +230,7 @@ class Metrics:
             log.warning("metrics scrape: the event loop did not answer")
             return None
 
-    def _wait(self, answer: concurrent.futures.Future[Snapshot]) -> Snapshot:
+    def _wait(self, answer: concurrent.futures.Future[list[Metric]]) -> list[Metric]:
         """The loop's answer, in slices: a block the heartbeat sees meanwhile ends the wait."""
         waited = 0.0
         while True:
@@ -224,10 +246,24 @@ class Metrics:
         """Lookups counted so far, by (stage, outcome, tier): a copy, on the event loop."""
         return dict(self._lookups.counts)
 
+    def cache_levels(self, engine_stats: Callable[[], EngineStats]) -> Part:
+        """The three cache levels: the engine's pages and prefixes beside the media lookups."""
+        return _CacheLevels(engine_stats, self._lookups)
+
+
+@final
+class _CacheLevels:
+    def __init__(self, engine_stats: Callable[[], EngineStats], lookups: LookupMetrics) -> None:
+        self.engine_stats = engine_stats
+        self.lookups = lookups
+
+    def collect(self) -> Iterator[Metric]:
+        return cache_level_families(self.engine_stats(), self.lookups.counts)
+
 
 @final
 class _ServiceCollector:
-    """Turns a Snapshot into metric families at each scrape."""
+    """The scrape's own families, and every part's, read on the event loop."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
@@ -262,4 +298,4 @@ class _ServiceCollector:
             lag.add_metric([], cumulative_buckets(LAG_BUCKETS, counts), heartbeat.lag_sum)
         yield lag
         if snapshot is not None:
-            yield from families(snapshot)
+            yield from snapshot

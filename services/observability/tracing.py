@@ -31,11 +31,11 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
-from cache_actor import LookupEvent, LookupHook, Outcome
+from cache_actor import LookupEvent, LookupHook, Outcome, Stage
 
 from ..config import Settings, TracingSettings
 from ..keys import is_hex_key
-from .lookups import current_stage, lookup_outcome
+from .lookups import lookup_outcome, stage_label
 from .spans import flush_pending, later
 
 if TYPE_CHECKING:
@@ -239,12 +239,12 @@ class LookupSpans:
     def __init__(self, tracer: Tracer) -> None:
         self._tracer = tracer
 
-    def lookup_started(self, tenant: str, key: str) -> object:
+    def lookup_started(self, tenant: str, key: str, stage: Stage) -> object:
         span = self._tracer.start_span(
             "cache.lookup",
             attributes={
                 "mmgate.cache.key": key_digest(key),
-                "mmgate.cache.stage": current_stage(),
+                "mmgate.cache.stage": stage_label(stage),
                 "mmgate.cache.tenant": tenant,
             },
         )

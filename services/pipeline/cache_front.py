@@ -1,7 +1,7 @@
 """The cache as the service uses it: the actor, and what a request does when the actor cannot
 answer (MMGATE_CACHE__ON_FAILURE).
 
-    stage ─▶ front.get(key, compute) ─▶ actor.get ─▶ hit | miss | coalesced
+    stage ─▶ front.get(key, compute, tier=Stage.X.tier_use) ─▶ actor.get ─▶ hit | miss | coalesced
                   │                         │
                   │  dead (CacheActorDead) ─┤─▶ replaced by a fresh, empty actor (at most
                   │                         │   MAX_REPLACEMENTS in REPLACEMENT_WINDOW seconds)
@@ -22,9 +22,11 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar, final
+
+from prometheus_client.core import Metric
 
 from cache_actor import (
     CacheActor,
@@ -36,16 +38,21 @@ from cache_actor import (
     EntryInfo,
     Journal,
     Lookup,
+    LookupHook,
     Outcome,
+    Stage,
     TenantStats,
     TierUse,
     Watcher,
 )
 
-from ..observability.degraded_metrics import DegradedStats, WatchStats
-from ..observability.lookups import current_stage
+from ..config import Settings
+from ..observability.degraded_metrics import DegradedStats, WatchStats, degraded_families
+from ..observability.lookups import Observers, stage_label
+from ..observability.metric_families import actor_families
 from ..observability.spans import span
 from ..observability.tracing import key_digest
+from ..storage.redis_tier import RedisTier
 
 log = logging.getLogger("mmgate.cache")
 
@@ -57,7 +64,6 @@ MAX_REPLACEMENTS: Final = 3
 REPLACEMENT_WINDOW: Final = 600.0
 
 Reason = Literal["cache_dead", "cache_stalled"]
-ANY_STAGE: Final = TierUse()
 
 
 @final
@@ -73,6 +79,30 @@ def outcome_of(lookup: Lookup[Any]) -> tuple[str, str]:
     if isinstance(lookup, Bypassed):
         return "bypass", lookup.reason
     return lookup.outcome.value, ""
+
+
+def cache_front(
+    settings: Settings,
+    tier: RedisTier | None,
+    *,
+    tenant_bytes: int | None,
+    hooks: Sequence[LookupHook | None],
+) -> CacheFront:
+    """The service's cache: an actor over ``tier`` (None: this replica alone) seen by ``hooks``
+    (tracing, metrics), and a fresh one in its place if it dies (degraded mode, below)."""
+    config = settings.cache.actor_config(
+        settings.redis if tier is not None else None,
+        tenant_bytes=tenant_bytes,
+        max_tenants=settings.tenants.max_labels,
+    )
+    seen = [hook for hook in hooks if hook is not None]
+    hook = Observers(seen) if seen else None
+    journal = Journal(settings.cache.watch_history, settings.cache.max_watchers)
+    return CacheFront(
+        lambda: CacheActor(config, hook=hook, tier=tier, journal=journal),
+        settings.cache.on_failure,
+        journal=journal,
+    )
 
 
 @final
@@ -189,13 +219,12 @@ class CacheFront:
         *,
         tenant: str = "default",
         timeout: float | None = None,
-        tier: TierUse | None = None,
+        tier: TierUse = Stage.ANY.tier_use,
         label: str = "",
         cancel_when_orphaned: bool = False,
     ) -> Lookup[V]:
         """The actor's lookup; where it cannot answer and the policy is "compute", the value
         computed for this caller alone (a ``Bypassed`` lookup, which ends with its caller)."""
-        tier = tier or ANY_STAGE
         if self.on_failure == "fail":
             return await self.actor.get(
                 key,
@@ -242,19 +271,20 @@ class CacheFront:
                     reason = "cache_dead"
             else:
                 reason = "cache_stalled"
-        return await self._bypass(key, compute, tenant, reason, deadline, wait)
+        return await self._bypass(key, compute, tenant, tier.stage, reason, deadline, wait)
 
     async def _bypass(
         self,
         key: str,
         compute: Callable[[], Awaitable[V]],
         tenant: str,
+        named: Stage,
         reason: Reason,
         deadline: float,
         wait: float,
     ) -> Bypassed[V]:
         """``compute()`` in this caller's task, bounded by its wait as a lookup would be."""
-        stage = current_stage()
+        stage = stage_label(named)  # as the hooks would have named it
         self.bypassed[stage, reason] += 1
         attributes: dict[str, str] = {
             "mmgate.cache.key": key_digest(key),
@@ -275,7 +305,9 @@ class CacheFront:
 
     # ── the rest of the actor's interface ──────────────────────────────────────────────────
 
-    def put(self, key: str, value: Any, *, tenant: str = "default", stage: str = "") -> None:
+    def put(
+        self, key: str, value: Any, *, tenant: str = "default", stage: Stage = Stage.ANY
+    ) -> None:
         if self.degraded is None:
             self.actor.put(key, value, tenant=tenant, stage=stage)
 
@@ -285,7 +317,7 @@ class CacheFront:
         *,
         tenant: str = "default",
         timeout: float = 5.0,
-        stage: str | None = None,
+        stage: Stage | None = None,
         local: bool = False,
     ) -> bool:
         actor = self.actor
@@ -316,6 +348,11 @@ class CacheFront:
 
     def stats(self) -> CacheStats:
         return self.actor.stats()
+
+    def collect(self) -> Iterator[Metric]:
+        """The actor's figures, its replacements and bypasses, Cache.Watch's (metrics.py)."""
+        yield from actor_families(self.stats(), self.config.mailbox_size)
+        yield from degraded_families(self.figures(), self.watch_figures())
 
     def tenant_stats(self, tenant: str | None = None) -> tuple[TenantStats, ...]:
         return self.actor.tenant_stats(tenant)

@@ -6,9 +6,9 @@
     decode, encode   inside the cache flight, before its thread (media/stages.py): a failed
                      flight is not stored; a stalled one meets the compute deadline and the
                      actor's stall detector
-    engine           around the engine stream (generation.py, responses.py): "fail" ends it
-                     after its first delta, as a dying engine does; "stall" and "slow" hold it
-                     before the engine sees the request
+    engine           around the engine stream (runner.py), once the run has its slots: "fail"
+                     ends it after its first delta, as a dying engine does; "stall" and "slow"
+                     hold it before the engine sees the request
     loop_block       at a request's start, on the event loop itself (time.sleep)
     actor            at a request's start, once, after a number of requests: the cache actor
                      killed (its loop crashes) or stalled (its loop takes no message a while)
@@ -29,11 +29,14 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
 from typing import Literal, TypeVar, final
+
+from prometheus_client.core import Metric
 
 from ..config import ChaosSettings, Faults
 from ..errors import InjectedFault
+from ..observability.metric_families import chaos_families
 from .cache_front import CacheFront
 
 log = logging.getLogger("mmgate.chaos")
@@ -61,6 +64,9 @@ class NoChaos:
 
     def at_request(self, tenant: str, cache: CacheFront) -> None:
         """At a request's start, on the event loop, before its first lookup in ``cache``."""
+
+    def collect(self) -> Iterator[Metric]:
+        return chaos_families(self.enabled, self.injected)
 
 
 @final

@@ -6,8 +6,8 @@
                (each tenant's images apart, and salted for vLLM's caches)            tenancy.py
             ─▶ response stage (actor flight, only for the "response" policy and a   responses.py
                deterministic request: one engine run shared by identical requests)
-               or straight to the engine                                            engine/
-               each engine run through the queue for the engine's slots              queue.py
+               or a run of its own; either way through the runner: the queue for    runner.py
+               the engine's slots, fault injection, the engine                      engine/
             ─▶ EngineDelta ... EngineDelta (samples interleaved), Finished (each sample's
                end, usage, cache reports)
 
@@ -25,14 +25,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Iterator, Mapping
 from typing import final
+
+from prometheus_client.core import Metric
 
 from ..config import Settings
 from ..engine.protocol import Engine
 from ..errors import EngineUnavailable, InvalidRequest
-from ..observability.media_metrics import FetchStats
-from ..observability.queue_metrics import QueueStats
+from ..observability.media_metrics import FetchStats, media_families
+from ..observability.metric_families import info_families
+from ..observability.queue_metrics import QueueStats, queue_families
 from ..types import (
     AdapterRef,
     EngineDelta,
@@ -53,6 +56,7 @@ from .prompts import PromptStage
 from .queue import EngineQueue
 from .request import Request
 from .responses import SharedResponses
+from .runner import EngineRunner, QueueWait
 from .tenancy import Isolation
 from .threads import ThreadPools
 
@@ -94,9 +98,9 @@ class Pipeline:
             settings.tenants,
             alternatives=settings.engine.max_logprob_alternatives,
         )
-        self.responses = SharedResponses(
-            engine, cache, settings.default_deadline_seconds, self.chaos, self.queue
-        )
+        # every engine run, shared or not: its queue wait, fault injection, the engine
+        self.runner = EngineRunner(engine, self.queue, self.chaos)
+        self.responses = SharedResponses(self.runner, cache, settings.default_deadline_seconds)
         # constrained requests: one grammar a tenant in the engine's compile queue
         self.compiles = CompileGate(settings.engine.compile_hold_seconds)
 
@@ -167,19 +171,23 @@ class Pipeline:
                 and sampling.prompt_logprobs is None
             )
             run = request.engine_request(prompt.token_ids, sampling, images, final_only=final_only)
-            stream = self.queue.stream(run, request.tenant, self.responses.run, request.waited)
+            stream = self.runner.run(run, request.tenant)
 
         tally = Tally(sampling.n)
         compiled = False
+        queue_ms = 0.0  # a run joined or replayed waited in no queue for this request
         try:
-            async with contextlib.aclosing(stream) as deltas:
-                async for delta in deltas:
+            async with contextlib.aclosing(stream) as events:
+                async for event in events:
+                    if isinstance(event, QueueWait):
+                        queue_ms = event.seconds * 1000
+                        continue
                     if compile_ is not None and not compiled:
                         compiled = True
                         self.compiles.compiled(compile_)
-                    tally.add(delta)
-                    if delta.text or delta.token_ids:
-                        yield delta
+                    tally.add(event)
+                    if event.text or event.token_ids:
+                        yield event
         except (InvalidRequest, EngineUnavailable):
             # refused by the engine's compiler (or no engine): nothing left compiling
             if compile_ is not None and not compiled:
@@ -203,7 +211,7 @@ class Pipeline:
             samples=samples,
             prompt_logprobs=tally.prompt_logprobs,
             adapter=request.adapter,
-            queue_ms=request.queue_ms,
+            queue_ms=queue_ms,
             priority=request.priority,
         )
 
@@ -288,6 +296,14 @@ class PipelineRef:
     def queue_stats(self) -> QueueStats:
         """The engine queue's figures; none before the engine has started."""
         return self.current.queue.stats() if self.current is not None else QueueStats()
+
+    def collect(self) -> Iterator[Metric]:
+        """The model and media mode, the queue's, the media stage's and the URL fetcher's
+        figures (metrics.py): each family from the start, empty until the engine has started."""
+        model = self.current.engine.model_name if self.current is not None else ""
+        yield from info_families(model, self.media_mode)
+        yield from queue_families(self.queue_stats)
+        yield from media_families(dataclasses.replace(self.media_stats), self.fetch_stats)
 
 
 __all__ = ["Pipeline", "PipelineRef", "Tally"]

@@ -16,13 +16,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, final
 
+from cache_actor import Stage
+
 from ..keys import cache_key
-from ..observability.lookups import stage
 from ..observability.spans import span
 from ..types import GenerationRequest, RenderedPrompt
 from ..wire import IMAGE_PLACEHOLDER
 from .cache_front import CacheFront
-from .request import PROMPT_MEMORY, Request
+from .request import Request
 from .threads import ThreadPools
 
 
@@ -147,22 +148,21 @@ class PromptStage:
         started = time.perf_counter()
         if checked.token_ids is not None:
             # nothing to render or tokenize, so nothing to look up: no key
-            request.report("prompt", "", None, started)
+            request.report(Stage.PROMPT, "", None, started)
             return tokenized(checked.token_ids, checked.truncate_prompt_tokens)
-        key = cache_key(model, "prompt", prompt_payload(checked))
+        key = cache_key(model, Stage.PROMPT, prompt_payload(checked))
         if checked.cache_policy == "bypass":
             rendered = await render(self.tokenizers, checked, self.threads)
-            request.report("prompt", key, None, started)
+            request.report(Stage.PROMPT, key, None, started)
             return rendered
-        with stage("prompt"):
-            lookup = await self.cache.get(
-                key,
-                lambda: render(self.tokenizers, checked, self.threads),
-                tenant=request.tenant,
-                timeout=request.left(),
-                tier=PROMPT_MEMORY,  # rendering again is cheaper than a round trip to Redis
-            )
-        request.report("prompt", key, lookup, started)
+        lookup = await self.cache.get(
+            key,
+            lambda: render(self.tokenizers, checked, self.threads),
+            tenant=request.tenant,
+            timeout=request.left(),
+            tier=Stage.PROMPT.tier_use,
+        )
+        request.report(Stage.PROMPT, key, lookup, started)
         return lookup.value
 
 

@@ -1,10 +1,11 @@
 """mmgate's queue in front of the engine: who runs next when every engine slot is taken.
 
-    engine run ─▶ queue.stream(run, tenant, generate) ─▶ a slot free? ─▶ engine.generate(run)
-                        │                                    ▲
-                        └▶ waits: within a tenant by priority │ a run that ends frees its slots:
-                           then arrival; across tenants by    │ the next is picked (pick())
-                           weighted fair queuing ─────────────┘
+    runner.py ─▶ queue.admit(run, tenant) ─▶ a slot free? ─▶ Slot: the run goes to the engine
+                      │                              ▲
+                      └▶ waits: within a tenant by   │ queue.release(slot): a run that ends
+                         priority then arrival;      │ frees its slots, the next is picked
+                         across tenants by weighted  │ (pick())
+                         fair queuing ───────────────┘
 
 vLLM runs at most ``max_num_seqs`` sequences at once and keeps the rest in its own queue, first
 come first served: there, one tenant's burst holds back everyone who comes after it, and vLLM
@@ -35,21 +36,17 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import heapq
 import itertools
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, final
 
 from ..config import TenantSettings
 from ..observability.queue_metrics import QUEUE_WAIT_BUCKETS, QueueStats, TenantQueueStats
 from ..observability.spans import span
-from ..types import (
-    EngineDelta,
-    EngineRequest,
-)
+from ..types import EngineRequest
 
 # The run length a tenant is charged when its first run starts, before any run has ended (s).
 FIRST_ESTIMATE_SECONDS: Final = 1.0
@@ -143,26 +140,12 @@ class EngineQueue:
 
     # ── a run ────────────────────────────────────────────────────────────────────────────────
 
-    async def stream(
-        self,
-        run: EngineRequest,
-        tenant: str,
-        generate: Callable[[EngineRequest, str], AsyncGenerator[EngineDelta, None]],
-        waited: Callable[[float], None] | None = None,
-    ) -> AsyncGenerator[EngineDelta, None]:
-        """``generate(run, tenant)``'s deltas once the run has its slots; ``waited`` learns the
-        seconds it waited for them."""
+    async def admit(self, run: EngineRequest, tenant: str) -> Slot:
+        """Wait for the slots ``run`` takes, one a sample, and its log-probability alternatives
+        (cancellable); whoever runs it hands them back with ``release``."""
         sampling = run.sampling
         alternatives = sampling.n * (sampling.logprobs + 1) if sampling.logprobs is not None else 0
-        slot = await self.acquire(tenant, run.priority, sampling.n, alternatives)
-        try:
-            if waited is not None:
-                waited(slot.waited)
-            async with contextlib.aclosing(generate(run, tenant)) as deltas:
-                async for delta in deltas:
-                    yield delta
-        finally:
-            self.release(slot)
+        return await self.acquire(tenant, run.priority, sampling.n, alternatives)
 
     async def acquire(self, tenant: str, priority: int, cost: int, alternatives: int = 0) -> Slot:
         """Wait for ``cost`` engine slots (and ``alternatives`` log-probability alternatives a

@@ -4,7 +4,6 @@ api: validate ─▶ Pipeline.request: Request(checked, tenant, deadline, trace 
      adapter)
      ─▶ prompt stage, media stage, shared responses: each appends its LookupReport
      ─▶ request.engine_request(prompt, sampling, images): the one way an engine run is made
-     ─▶ the queue for the engine (queue.py): its wait, in queue_ms
      ─▶ Finished (the reports with it)
 """
 
@@ -15,9 +14,9 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, final
+from typing import Any, final
 
-from cache_actor import Lookup, TierUse
+from cache_actor import Lookup, Stage
 
 from ..types import (
     AdapterRef,
@@ -28,15 +27,6 @@ from ..types import (
     Sampling,
 )
 from .cache_front import outcome_of
-
-# How each stage uses the second tier (what Redis holds, and why: tier_values.py). Prompts and
-# decoded images stay in memory; a shared response is read from the tier and written to it by
-# SharedResponses only once its run has finished normally. The stage also names the entry to
-# Cache.Watch's watchers.
-PROMPT_MEMORY: Final = TierUse("prompt", read=False, write=False)
-IMAGE_MEMORY: Final = TierUse("image", read=False, write=False)
-EMBEDDING_TIER: Final = TierUse("embedding")
-RESPONSE_TIER: Final = TierUse("response", write=False)
 
 
 def seconds_left(deadline: float) -> float:
@@ -66,11 +56,6 @@ class Request:
     adapter: AdapterRef | None = None
     # lower is more urgent (the tenant's range was checked by the API)
     priority: int = 0
-    # how long its engine run waited in mmgate's queue (queue.py)
-    queue_ms: float = 0.0
-
-    def waited(self, seconds: float) -> None:
-        self.queue_ms = seconds * 1000
 
     def left(self) -> float:
         return seconds_left(self.deadline)
@@ -101,7 +86,7 @@ class Request:
 
     def report(
         self,
-        stage: str,
+        stage: Stage,
         key: str,
         lookup: Lookup[Any] | None,
         started: float,
@@ -122,10 +107,6 @@ class Request:
 
 
 __all__ = [
-    "EMBEDDING_TIER",
-    "IMAGE_MEMORY",
-    "PROMPT_MEMORY",
-    "RESPONSE_TIER",
     "Request",
     "loop_deadline",
     "seconds_left",

@@ -1,6 +1,7 @@
 """Shared responses: one engine run streamed to every identical deterministic request.
 
-    first request ──▶ cache flight ──▶ ResponseRecording + producer task ◀── engine deltas
+    first request ──▶ cache flight ──▶ ResponseRecording + producer task ◀── runner.run(run)
+                  ◀── recording.replay_with_wait(): the run's wait in the queue, then replay()
     joiners, later hits ──────────────▶ recording.replay(): what is there, then what arrives
 
 The recording is what the cache stores: a request that joins while the answer is being generated
@@ -10,7 +11,9 @@ someone listens: it starts the engine when its first listener arrives, and when 
 leaves before the end, the run is aborted and the leaver waits for that. Every engine run then
 has a caller counted in the concurrency limit: no run goes on in the engine for callers who have
 all left, unseen by the limit. A failed or abandoned run is dropped from the
-cache so the next request generates afresh.
+cache so the next request generates afresh. The producer runs the engine through the runner
+(runner.py), as a request's own run does; the run's wait in the queue is reported by the request
+that started it, and by none that joined or replayed it.
 """
 
 from __future__ import annotations
@@ -23,17 +26,14 @@ import time
 from collections.abc import AsyncGenerator
 from typing import final
 
-from cache_actor import Outcome
+from cache_actor import Outcome, Stage
 
-from ..engine.protocol import Engine
 from ..errors import EngineUnavailable
 from ..keys import cache_key
-from ..observability.lookups import stage
 from ..types import EngineDelta, EngineImages, EngineRequest, RenderedPrompt, Sampling
 from .cache_front import CacheFront
-from .chaos import NoChaos
-from .queue import EngineQueue
-from .request import RESPONSE_TIER, Request
+from .request import Request
+from .runner import EngineRunner, QueueWait
 
 log = logging.getLogger("mmgate.responses")
 
@@ -79,6 +79,8 @@ class ResponseRecording:
         # every listener left before the end: the run is being aborted, nobody may join it
         self.abandoned = False
         self.producer: asyncio.Task[None] | None = None
+        # the run's wait for its engine slots, once granted: the starter's to report
+        self.queued: QueueWait | None = None
 
     @classmethod
     def finished(cls, deltas: list[EngineDelta]) -> ResponseRecording:
@@ -123,6 +125,19 @@ class ResponseRecording:
             if self.listeners == 0 and not self.done:
                 await self._abandon()
 
+    async def replay_with_wait(self) -> AsyncGenerator[QueueWait | EngineDelta, None]:
+        """replay(), led by the run's wait in the queue (before its first delta): how the
+        request that started the run sees it."""
+        told = False
+        async with contextlib.aclosing(self.replay()) as deltas:
+            async for delta in deltas:
+                if not told and self.queued is not None:
+                    told = True
+                    yield self.queued
+                yield delta
+        if not told and self.queued is not None:
+            yield self.queued  # a run that ended without a delta
+
     async def _abandon(self) -> None:
         """The last listener left mid-run: abort it, and wait (bounded) until it has ended."""
         self.abandoned = True
@@ -140,18 +155,9 @@ class ResponseRecording:
 class SharedResponses:
     """The response stage: identical deterministic requests share one engine run."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        cache: CacheFront,
-        run_deadline: float,
-        chaos: NoChaos,
-        queue: EngineQueue,
-    ) -> None:
-        self.engine = engine
+    def __init__(self, runner: EngineRunner, cache: CacheFront, run_deadline: float) -> None:
+        self.runner = runner
         self.cache = cache
-        self.chaos = chaos
-        self.queue = queue
         # a producer's own bound: it serves whoever joins, not one caller's deadline
         self.run_deadline = run_deadline
         self._producers: set[asyncio.Task[None]] = set()
@@ -162,8 +168,9 @@ class SharedResponses:
         prompt: RenderedPrompt,
         sampling: Sampling,
         images: EngineImages | None,
-    ) -> tuple[AsyncGenerator[EngineDelta, None], bool]:
-        """The run's deltas for this request, and whether they came from the cache."""
+    ) -> tuple[AsyncGenerator[QueueWait | EngineDelta, None], bool]:
+        """The run's deltas for this request, and whether they came from the cache; led by the
+        run's wait in the queue for the request that started it."""
         payload = {
             "prompt": list(prompt.token_ids),
             "sampling": dataclasses.asdict(sampling),
@@ -172,14 +179,14 @@ class SharedResponses:
         if request.adapter is not None:
             # by content: an adapter reloaded under its name with other weights answers anew
             payload["adapter"] = request.adapter.digest
-        key = cache_key(self.engine.model_name, "response", payload)
+        key = cache_key(self.runner.model_name, Stage.RESPONSE, payload)
         run = request.engine_request(prompt.token_ids, sampling, images)
         tenant = request.tenant
 
         async def start_recording() -> ResponseRecording:
             recording = ResponseRecording(weight(sampling, len(prompt.token_ids)))
             producer = asyncio.create_task(
-                self._record(recording, key, request, run), name=f"mmgate-response-{key[:12]}"
+                self._record(recording, key, tenant, run), name=f"mmgate-response-{key[:12]}"
             )
             recording.producer = producer
             self._producers.add(producer)
@@ -187,26 +194,36 @@ class SharedResponses:
             return recording
 
         started = time.perf_counter()
-        with stage("response"):
+        lookup = await self.cache.get(
+            key,
+            start_recording,
+            tenant=tenant,
+            timeout=request.left(),
+            tier=Stage.RESPONSE.tier_use,
+        )
+        recording = lookup.value
+        if recording.abandoned:
+            # its run is being aborted (its listeners all left): not one to join
+            await self.cache.invalidate(key, tenant=tenant, local=True)
             lookup = await self.cache.get(
-                key, start_recording, tenant=tenant, timeout=request.left(), tier=RESPONSE_TIER
+                key,
+                start_recording,
+                tenant=tenant,
+                timeout=request.left(),
+                tier=Stage.RESPONSE.tier_use,
             )
             recording = lookup.value
-            if recording.abandoned:
-                # its run is being aborted (its listeners all left): not one to join
-                await self.cache.invalidate(key, tenant=tenant, local=True)
-                lookup = await self.cache.get(
-                    key, start_recording, tenant=tenant, timeout=request.left(), tier=RESPONSE_TIER
-                )
-                recording = lookup.value
         # a stored recording still being generated: this request joins that run
         joined = lookup.outcome is Outcome.HIT and not recording.done
         request.report(
-            "response", key, lookup, started, Outcome.COALESCED.value if joined else None
+            Stage.RESPONSE, key, lookup, started, Outcome.COALESCED.value if joined else None
         )
         # from the cache: memory, a run joined, or one another replica finished (the second tier)
         generated_here = lookup.outcome is Outcome.MISS and lookup.tier is None
-        return recording.replay(), not generated_here
+        if generated_here:
+            # this request started the run: its wait in the queue is this request's
+            return recording.replay_with_wait(), False
+        return recording.replay(), True
 
     async def close(self) -> None:
         """Cancel the producers still running (shutdown)."""
@@ -215,25 +232,23 @@ class SharedResponses:
         if self._producers:
             await asyncio.wait(set(self._producers), timeout=5)
 
-    def run(self, run: EngineRequest, tenant: str) -> AsyncGenerator[EngineDelta, None]:
-        """The engine's deltas for ``run`` (through fault injection, where it is on)."""
-        return self.chaos.engine(self.engine.generate(run), tenant)
-
     async def _record(
-        self, recording: ResponseRecording, key: str, starter: Request, run: EngineRequest
+        self, recording: ResponseRecording, key: str, tenant: str, run: EngineRequest
     ) -> None:
         """Run the engine once for every request sharing this response (its wait in the queue
-        is the starter's)."""
-        tenant = starter.tenant
+        is the starter's: replay_with_wait)."""
         error: BaseException | None = None
         try:
             # no listener, no engine run: the caller may have left during the lookup
             async with asyncio.timeout(FIRST_LISTENER_SECONDS):
                 await recording.listened.wait()
-            stream = self.queue.stream(run, tenant, self.run, starter.waited)
-            async with asyncio.timeout(self.run_deadline), contextlib.aclosing(stream) as deltas:
-                async for delta in deltas:
-                    recording.append(delta)
+            stream = self.runner.run(run, tenant)
+            async with asyncio.timeout(self.run_deadline), contextlib.aclosing(stream) as events:
+                async for event in events:
+                    if isinstance(event, QueueWait):
+                        recording.queued = event
+                    else:
+                        recording.append(event)
         except BaseException as exc:  # noqa: BLE001 - the listeners must learn of any end
             error = exc
         recording.finish(
@@ -243,7 +258,7 @@ class SharedResponses:
         )
         if error is None:
             # only a run that finished normally is an answer for the other replicas
-            self.cache.put(key, recording, tenant=tenant, stage=RESPONSE_TIER.stage)
+            self.cache.put(key, recording, tenant=tenant, stage=Stage.RESPONSE)
         else:
             # a failed run is not an answer: the next identical request generates afresh
             try:

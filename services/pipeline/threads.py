@@ -13,15 +13,17 @@ started runs to its end (DESIGN: the flight does not belong to the caller who le
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Literal, TypeVar, final, get_args
 
 import anyio.to_thread
 from anyio import CapacityLimiter
+from prometheus_client.core import Metric
 
 from cache_actor import waiting_to_start
 
 from ..config import ThreadSettings
+from ..observability.metric_families import thread_families
 from ..types import ThreadPoolStats
 
 T = TypeVar("T")
@@ -73,6 +75,9 @@ class ThreadPools:
                 )
             )
         return tuple(out)
+
+    def collect(self) -> Iterator[Metric]:
+        return thread_families(self.stats())
 
 
 __all__ = ["Pool", "ThreadPools"]

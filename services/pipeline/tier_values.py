@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any, final
 
+from cache_actor import Stage
+
 from ..engine.values import BadValue, seal_json, seal_tensor, unseal_json, unseal_tensor
 from ..types import EngineDelta, Logprob, TokenLogprobs
 from .media.stages import Embedding
@@ -32,10 +34,10 @@ class EmbeddingCodec:
 
     def encode(self, value: Any, key: str) -> bytes:
         assert isinstance(value, Embedding)
-        return seal_tensor("embedding", value.tensor, key=key, secret=self.secret)
+        return seal_tensor(Stage.EMBEDDING, value.tensor, key=key, secret=self.secret)
 
     def decode(self, data: bytes, key: str) -> Embedding:
-        return Embedding(unseal_tensor(data, "embedding", key=key, secret=self.secret))
+        return Embedding(unseal_tensor(data, Stage.EMBEDDING, key=key, secret=self.secret))
 
 
 @final
@@ -62,10 +64,10 @@ class ResponseCodec:
             ]
             for d in value.deltas
         ]
-        return seal_json("response", {"deltas": deltas}, key=key, secret=self.secret)
+        return seal_json(Stage.RESPONSE, {"deltas": deltas}, key=key, secret=self.secret)
 
     def decode(self, data: bytes, key: str) -> ResponseRecording:
-        body = unseal_json(data, "response", key=key, secret=self.secret)
+        body = unseal_json(data, Stage.RESPONSE, key=key, secret=self.secret)
         try:
             deltas = [
                 EngineDelta(
@@ -119,7 +121,7 @@ def _read_position(stored: Any) -> TokenLogprobs:
 
 def codecs(secret: bytes | None = None) -> dict[str, Any]:
     """The stages' codecs; ``secret``: the deployment's value secret (MAC'd values), if any."""
-    return {"embedding": EmbeddingCodec(secret), "response": ResponseCodec(secret)}
+    return {Stage.EMBEDDING: EmbeddingCodec(secret), Stage.RESPONSE: ResponseCodec(secret)}
 
 
 __all__ = ["EmbeddingCodec", "ResponseCodec", "codecs"]

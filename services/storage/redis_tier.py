@@ -28,11 +28,16 @@ import json
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Protocol, final
 from urllib.parse import urlsplit
 
+from prometheus_client.core import Metric
+
+from cache_actor import Stage
+
 from ..config import RedisSettings
+from ..observability.metric_families import tier_families
 
 log = logging.getLogger("mmgate.redis")
 
@@ -79,6 +84,10 @@ class RedisTier:
         self.oversize = 0  # values not written: over max_value_bytes
         self.invalidations_received = 0
         self._listener: asyncio.Task[None] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        """Values read back that failed a check (metrics.py)."""
+        return tier_families(sum(self.bad_values.values()))
 
     def use_namespace(self, namespace: str) -> None:
         """Set once, before the first lookup (the server knows it once the model is known)."""
@@ -283,6 +292,14 @@ def redis_weaknesses(settings: RedisSettings) -> list[str]:
     return weaknesses
 
 
+@final
+class NoTierFigures:
+    """A replica without a second tier: nothing refused, and the series says so."""
+
+    def collect(self) -> Iterator[Metric]:
+        return tier_families(0)
+
+
 def redis_tier(
     settings: RedisSettings, codecs: Callable[[bytes | None], dict[str, StageCodec]]
 ) -> RedisTier | None:
@@ -301,8 +318,8 @@ def redis_tier(
         redis_client(settings),
         codecs=codecs(secret),
         ttl_seconds={
-            "embedding": settings.embedding_ttl_seconds,
-            "response": settings.response_ttl_seconds,
+            Stage.EMBEDDING: settings.embedding_ttl_seconds,
+            Stage.RESPONSE: settings.response_ttl_seconds,
         },
         max_value_bytes=settings.max_value_bytes,
         address=redis_address(settings.url),
@@ -311,6 +328,7 @@ def redis_tier(
 
 
 __all__ = [
+    "NoTierFigures",
     "OnInvalidate",
     "RedisTier",
     "StageCodec",

@@ -16,6 +16,7 @@ from bench import grpc_stream
 from bench.openai_server import descendants, server_flags
 from bench.service import context_switches, interval_of, with_interval
 from services.config import EngineSettings
+from services.engine.plan import EnginePlan, ImageIntake
 from services.engine.worker import EngineWorker
 
 
@@ -30,10 +31,8 @@ def test_vllms_server_parses_back_mmgates_engine_arguments(images: int | None) -
         stream_interval=4,
         extra={"max_num_batched_tokens": 512},
     )
-    worker = EngineWorker(settings, "/models/smol")
-    if images is not None:
-        worker.accept_images(per_prompt=images, embeddings=False)
-    ours = worker.engine_args()
+    intake = None if images is None else ImageIntake(per_prompt=images, embeddings=False)
+    ours = EngineWorker(settings).engine_args(EnginePlan("/models/smol", intake))
     parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
     theirs = AsyncEngineArgs.from_cli_args(parser.parse_args(server_flags(ours)))
     # what mmgate sets: every field where its arguments are not vLLM's defaults (where they are,

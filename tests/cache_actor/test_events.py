@@ -10,11 +10,11 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from cache_actor import CacheActor, CacheConfig, CacheEvent, CacheOverloaded, Journal, TierUse
+from cache_actor import CacheActor, CacheConfig, CacheEvent, CacheOverloaded, Journal, Stage
 
 pytestmark = pytest.mark.asyncio
 
-IMAGE = TierUse("image", read=False, write=False)
+IMAGE = Stage.IMAGE.tier_use
 
 
 def value_of(size: int) -> Callable[[], Awaitable[bytes]]:

@@ -3,7 +3,7 @@ from typing import Any
 
 import pytest
 
-from cache_actor import CacheRecursionError, LookupEvent, Outcome
+from cache_actor import CacheRecursionError, LookupEvent, Outcome, Stage
 from tests.cache_actor.stats_check import MakeActor
 from tests.support import Gate, until
 
@@ -13,7 +13,7 @@ class Recorder:
         self.started: list[tuple[str, str]] = []
         self.finished: list[tuple[object, LookupEvent]] = []
 
-    def lookup_started(self, tenant: str, key: str) -> object:
+    def lookup_started(self, tenant: str, key: str, stage: Stage) -> object:
         self.started.append((tenant, key))
         return f"span-{len(self.started)}"
 
@@ -61,7 +61,7 @@ async def test_broken_hook_never_fails_a_lookup(
     make_actor: MakeActor, caplog: pytest.LogCaptureFixture
 ) -> None:
     class Broken:
-        def lookup_started(self, tenant: str, key: str) -> Any:
+        def lookup_started(self, tenant: str, key: str, stage: Stage) -> Any:
             raise RuntimeError("exporter down")
 
         def lookup_finished(self, token: object, event: LookupEvent) -> None:

@@ -1,7 +1,7 @@
 import asyncio
 from typing import Any
 
-from cache_actor import CacheConfig, InMemoryTier, Outcome, SecondTier, TierUse
+from cache_actor import CacheConfig, InMemoryTier, Outcome, SecondTier, Stage, TierUse
 from tests.cache_actor.stats_check import MakeActor, assert_stats
 from tests.support import Gate, until
 
@@ -181,15 +181,15 @@ async def test_each_lookup_says_how_it_uses_the_tier(make_actor: MakeActor) -> N
     assert (lookup.value, lookup.tier) == (b"mine", None)
     assert tier.gets == 0
     # read only: asked, and a computed value is not written (its final form comes later)
-    reading = TierUse("response", write=False)
+    reading = Stage.RESPONSE.tier_use
     await cache.get("new", computed(b"live"), tenant="t", tier=reading)
     assert tier.gets == 1
-    cache.put("new", b"final", tenant="t", stage="response")
+    cache.put("new", b"final", tenant="t", stage=Stage.RESPONSE)
     await until(lambda: tier.sets == 1)
     assert tier.values[("t", "new")] == b"final"
     assert tier.stages[("t", "new")] == "response"
     # a stage's lookup writes under its stage
-    await cache.get("enc", computed(b"tensor"), tenant="t", tier=TierUse("embedding"))
+    await cache.get("enc", computed(b"tensor"), tenant="t", tier=Stage.EMBEDDING.tier_use)
     await until(lambda: tier.sets == 2)
     assert tier.stages[("t", "enc")] == "embedding"
 

@@ -31,16 +31,12 @@ from cloudcoil.models.istio.security.v1 import AuthorizationPolicy, PeerAuthenti
 from cloudcoil.models.prometheus_operator.v1 import PrometheusRule, ServiceMonitor
 
 from cache_actor import CacheActor, CacheConfig
+from services.api.grpc_server import CACHE, HEALTH, INFERENCE, open_services
 from services.api.health import LIVENESS, READINESS
-from services.api.server import CACHE, HEALTH, INFERENCE, open_services
 from services.config import AuthSettings, Grant, Settings
-from services.engine.worker import EngineWorker
-from services.observability.metric_families import Snapshot, families
 from services.observability.metrics import Metrics
-from services.pipeline.threads import ThreadPools
-from services.types import EngineHealth, MediaStats
 from services.wire import AFFINITY_HEADER
-from tests.services.prom import DASHBOARD_NAMES
+from tests.services.prom import DASHBOARD_NAMES, service_families
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -204,31 +200,14 @@ def setting_names(model: type[pydantic.BaseModel], prefix: str = "MMGATE_") -> s
 
 
 def exported_metrics() -> dict[str, str]:
-    """What a scrape of mmgate carries, name -> type: the service's families from a snapshot of
-    idle parts, and the interceptor's and hook's own metrics."""
+    """What a scrape of mmgate carries, name -> type: every part's families from idle parts,
+    and the interceptor's and hook's own metrics."""
     base = Settings(metrics={"port": 0})
-    engine = EngineWorker(base.engine, "/models/none")
-    snapshot = Snapshot(
-        cache=CacheActor(CacheConfig()).stats(),
-        mailbox_capacity=1,
-        lookups={},
-        engine=engine.stats(),
-        tokens=engine.token_stats(),
-        engine_ready=False,
-        engine_health=EngineHealth("starting", in_flight=0, seconds_since_step=0.0, stalls=0),
-        threads=ThreadPools(base.threads).stats(),
-        model="m",
-        media=MediaStats(),
-        media_mode="pixels",
-        active_requests=0,
-        max_concurrent_requests=1,
-        loop_tasks=0,
-        tier_refused=0,
-        chaos_enabled=False,
-        chaos_injected={},
-    )
     suffix = {"counter": "_total", "info": "_info"}
-    found = [*families(snapshot), *Metrics(base).registry.collect()]
+    found = [
+        *service_families(cache=CacheActor(CacheConfig()).stats()),
+        *Metrics(base).registry.collect(),
+    ]
     return {f.name + suffix.get(f.type, ""): f.type for f in found}
 
 

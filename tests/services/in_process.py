@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from services.api.health import LIVENESS, READINESS
 from services.api.server import MmgateServer
+from services.engine.worker import EngineWorker
 from services.observability.spans import flush_pending
 
 from .otlp_receiver import OtlpReceiver
@@ -99,3 +100,11 @@ async def start_watched(server: MmgateServer) -> Startup:
 
 
 __all__ = ["TRACED_SERVICE", "InProcess", "SpanWatch", "Startup", "finished", "start_watched"]
+
+
+def vllm_worker(server: MmgateServer) -> EngineWorker:
+    """The server's engine, where a test reaches into vLLM itself (the server's is the real one
+    unless it was handed another factory)."""
+    engine = server.engine
+    assert isinstance(engine, EngineWorker)
+    return engine

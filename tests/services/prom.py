@@ -7,11 +7,36 @@ import shutil
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
+
+from cache_actor import CacheStats
+from services.config import Settings
+from services.engine.worker import EngineWorker
+from services.observability.adapter_metrics import adapter_families
+from services.observability.degraded_metrics import DegradedStats, WatchStats, degraded_families
+from services.observability.media_metrics import FetchStats, media_families
+from services.observability.metric_families import (
+    actor_families,
+    admission_families,
+    auth_families,
+    cache_level_families,
+    chaos_families,
+    engine_families,
+    engine_health_families,
+    info_families,
+    lookup_families,
+    loop_task_families,
+    thread_families,
+    tier_families,
+)
+from services.observability.queue_metrics import QueueStats, queue_families
+from services.pipeline.threads import ThreadPools
+from services.types import AdapterStats, EngineHealth, EngineStats, MediaStats
 
 PROMTOOL_FALLBACK = Path("/usr/bin/promtool")
 
@@ -145,3 +170,44 @@ def promtool_problems(text: str) -> str:
         check=False,
     )
     return "" if result.returncode == 0 else (result.stdout + result.stderr).strip() or "failed"
+
+
+def service_families(
+    *,
+    cache: CacheStats,
+    mailbox_capacity: int = 1,
+    lookups: Mapping[tuple[str, str, str], int] | None = None,
+    engine: EngineStats | None = None,
+    health: EngineHealth | None = None,
+    model: str = "m",
+    media: MediaStats | None = None,
+    media_mode: str = "pixels",
+    max_concurrent_requests: int = 1,
+    loop_tasks: int = 0,
+    tier_refused: int = 0,
+    chaos: Mapping[tuple[str, str], int] | None = None,
+) -> list[Metric]:
+    """Every family the service's parts export, from the figures given (idle ones otherwise):
+    what a scrape of a server carries besides the interceptor's and hook's own metrics."""
+    idle = EngineWorker(Settings().engine)
+    lookups = lookups or {}
+    engine = engine or idle.stats()
+    health = health or EngineHealth("starting", in_flight=0, seconds_since_step=0.0, stalls=0)
+    return [
+        *cache_level_families(engine, lookups),
+        *lookup_families(lookups),
+        *actor_families(cache, mailbox_capacity),
+        *degraded_families(DegradedStats(), WatchStats()),
+        *tier_families(tier_refused),
+        *engine_families(False, engine, idle.token_stats()),
+        *adapter_families(AdapterStats()),
+        *engine_health_families(health),
+        *thread_families(ThreadPools(Settings().threads).stats()),
+        *admission_families(0, max_concurrent_requests),
+        *loop_task_families(loop_tasks),
+        *chaos_families(chaos is not None, chaos or {}),
+        *auth_families({}),
+        *info_families(model, media_mode),
+        *queue_families(QueueStats()),
+        *media_families(media or MediaStats(), FetchStats()),
+    ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.observability.lookups import stage
+from cache_actor import Stage
 from services.pipeline.media import DecodedImage, PixelsStage
 from services.types import ImageInput
 
@@ -21,7 +21,9 @@ class ReEntering(PixelsStage):
             await self._image(ImageInput(source.index, None, source.digest), tenant, 30.0)
             raise AssertionError("the re-entrant lookup returned")
 
-        with stage("image"):
-            return await self.cache.get(
-                self.stage_keys(source.digest)["image"], decode_and_audit, tenant=tenant
-            )
+        return await self.cache.get(
+            self.stage_keys(source.digest)[Stage.IMAGE],
+            decode_and_audit,
+            tenant=tenant,
+            tier=Stage.IMAGE.tier_use,
+        )

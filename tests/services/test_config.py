@@ -1,5 +1,5 @@
-"""One source for each default: the cache actor's settings as the service configures them; a pair
-of engine settings vLLM refuses is refused at start."""
+"""One source for each default: the cache actor's settings as the service configures them, the
+model cache as the settings read it; a pair of engine settings vLLM refuses is refused at start."""
 
 from __future__ import annotations
 
@@ -7,12 +7,20 @@ import dataclasses
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from cache_actor import CacheConfig
-from services.config import CacheSettings, EngineSettings, RedisSettings
+from cache_actor import CacheConfig, Journal
+from services.config import (
+    CacheSettings,
+    EngineSettings,
+    RedisSettings,
+    Settings,
+    TenantSettings,
+    default_model_cache,
+)
 
 # the service's name for each of the actor's settings it exposes
 SERVICE_NAMES = {
@@ -26,14 +34,37 @@ SERVICE_NAMES = {
     "tier_write_queue": ("redis", "write_queue"),
     "tier_breaker_failures": ("redis", "breaker_failures"),
     "tier_breaker_seconds": ("redis", "breaker_seconds"),
+    "max_tenants": ("tenants", "max_labels"),
 }
 
 
 def test_the_settings_defaults_are_the_actors() -> None:
     actor = {f.name: f.default for f in dataclasses.fields(CacheConfig)}
-    sections = {"cache": CacheSettings(), "redis": RedisSettings()}
+    sections = {"cache": CacheSettings(), "redis": RedisSettings(), "tenants": TenantSettings()}
     for name, (section, setting) in SERVICE_NAMES.items():
         assert getattr(sections[section], setting) == actor[name], name
+    # the journal the service hands the actor: the settings' defaults are its own
+    journal = Journal()
+    assert (CacheSettings().watch_history, CacheSettings().max_watchers) == (
+        journal.history_size,
+        journal.max_watchers,
+    )
+
+
+@pytest.mark.parametrize(
+    ("written", "meant"),
+    [("/srv/models", "/srv/models"), ("~/models", "~/models"), ("", "~/.cache/mmgate/models")],
+)
+def test_the_model_cache_is_read_by_the_settings_alone(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, written: str, meant: str
+) -> None:
+    # MMGATE_MODEL_CACHE as a shell means it, the same for whoever asks: the server, the
+    # engine's dtype verdicts, `mmgate models prepare`
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("MMGATE_MODEL_CACHE", written)
+    expected = Path(meant).expanduser()
+    assert Settings().model_cache == expected
+    assert default_model_cache() == expected
 
 
 def test_the_actor_gets_every_setting_by_its_value() -> None:

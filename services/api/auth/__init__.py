@@ -8,7 +8,7 @@ mesh.py       the sidecar's x-forwarded-client-cert
 """
 
 from .callers import Authenticator, announce_trust, authenticator
-from .certs import CertificateFiles, peer_identities
+from .certs import CertificateFiles, certificate_files, peer_identities
 from .gate import AuthGate, Caller, checked_label, current_caller
 from .mesh import XFCC_HEADER, forwarded_identity
 from .tokens import TokenTable, token_digest
@@ -22,6 +22,7 @@ __all__ = [
     "TokenTable",
     "announce_trust",
     "authenticator",
+    "certificate_files",
     "checked_label",
     "current_caller",
     "forwarded_identity",

@@ -18,6 +18,8 @@ from typing import final
 
 import grpc
 
+from ...config import AuthSettings
+
 log = logging.getLogger("mmgate.auth")
 
 
@@ -93,4 +95,12 @@ def _text(value: bytes | str) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
-__all__ = ["CertificateFiles", "peer_identities"]
+def certificate_files(settings: AuthSettings) -> CertificateFiles | None:
+    """The server's certificate, key and (mtls) client CA; None: plaintext."""
+    if settings.tls_cert_file is None or settings.tls_key_file is None:
+        return None
+    ca = settings.client_ca_file if settings.mode == "mtls" else None
+    return CertificateFiles(settings.tls_cert_file, settings.tls_key_file, ca)
+
+
+__all__ = ["CertificateFiles", "certificate_files", "peer_identities"]

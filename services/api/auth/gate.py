@@ -17,13 +17,16 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
+from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import final
 
 import grpc
+from prometheus_client.core import Metric
 
 from ...errors import InvalidRequest, MmgateError, NotPermitted, Unauthenticated, Violation
+from ...observability.metric_families import auth_families
 from ...wire import DEFAULT_TENANT, TENANT_HEADER, TENANT_MISMATCH
 from ..interceptors.wrapping import FinalStatus, WatchingInterceptor
 from ..metadata import metadata_value
@@ -111,6 +114,9 @@ class AuthGate(WatchingInterceptor):
         )
 
     # ── credentials that change under a running server ─────────────────────────────────────
+
+    def collect(self) -> Iterator[Metric]:
+        return auth_families(self.refused)
 
     def reload(self) -> None:
         """SIGHUP: read credential files anew."""

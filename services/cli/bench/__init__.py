@@ -25,6 +25,10 @@ from .load import Limits, Outcome, run
 from .report import Summary, plot, render, summarize
 from .workload import Mix, Workload
 
+# the options' defaults are the workload's and the run's own (one source for each)
+_MIX = Mix()
+_LIMITS = Limits()
+
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
     bench: argparse.ArgumentParser = commands.add_parser(
@@ -47,16 +51,16 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "--timeout",
         metavar="SECONDS",
         type=arguments.positive,
-        default=120.0,
-        help="each request's deadline, in seconds",
+        default=_LIMITS.timeout,
+        help="each request's deadline, in seconds (%(default)s)",
     )
     loop = bench.add_argument_group("load (a closed loop unless --rate is given)")
     loop.add_argument(
         "--concurrency",
         metavar="N",
         type=arguments.count,
-        default=8,
-        help="closed loop: requests in flight (8)",
+        default=_LIMITS.concurrency,
+        help="closed loop: requests in flight (%(default)s)",
     )
     loop.add_argument(
         "--rate",
@@ -68,8 +72,9 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "--max-in-flight",
         metavar="N",
         type=arguments.count,
-        default=256,
-        help="open loop: arrivals beyond this many in flight are not sent, and counted (256)",
+        default=_LIMITS.max_in_flight,
+        help="open loop: arrivals beyond this many in flight are not sent, and counted "
+        "(%(default)s)",
     )
     loop.add_argument(
         "--requests", metavar="N", type=arguments.count, help="stop after this many requests"
@@ -82,95 +87,111 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     )
     mix = bench.add_argument_group("requests")
     mix.add_argument(
-        "--max-tokens", metavar="N", type=arguments.count, default=32, help="tokens per answer (32)"
+        "--max-tokens",
+        metavar="N",
+        type=arguments.count,
+        default=_MIX.max_tokens,
+        help="tokens per answer (%(default)s)",
     )
     mix.add_argument(
         "--prompt-words",
         metavar="N",
         type=arguments.count,
-        default=12,
-        help="words per prompt (12)",
+        default=_MIX.prompt_words,
+        help="words per prompt (%(default)s)",
     )
-    mix.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
-    mix.add_argument("--cache-policy", choices=["prompt", "response", "bypass"], default="prompt")
+    mix.add_argument(
+        "--temperature",
+        type=float,
+        default=_MIX.temperature,
+        help="0 is greedy (default %(default)s)",
+    )
+    mix.add_argument(
+        "--cache-policy", choices=["prompt", "response", "bypass"], default=_MIX.cache_policy
+    )
     mix.add_argument(
         "--stream-interval",
         metavar="N",
         type=arguments.count,
-        default=None,
+        default=_MIX.stream_interval,
         help="tokens per streamed message (default: the server's)",
     )
     mix.add_argument(
         "--image-ratio",
         metavar="SHARE",
         type=arguments.share,
-        default=0.0,
-        help="share of requests with an image (0)",
+        default=_MIX.image_ratio,
+        help="share of requests with an image (%(default)s)",
     )
     mix.add_argument(
         "--image-repeat",
         metavar="SHARE",
         type=arguments.share,
-        default=0.5,
-        help="share of image requests that reuse an image of the working set (0.5)",
+        default=_MIX.image_repeat,
+        help="share of image requests that reuse an image of the working set (%(default)s)",
     )
     mix.add_argument(
         "--working-set",
         metavar="N",
         type=arguments.count,
-        default=16,
-        help="distinct images to reuse (16)",
+        default=_MIX.working_set,
+        help="distinct images to reuse (%(default)s)",
     )
     mix.add_argument(
         "--image-size",
         metavar="WxH",
         type=arguments.size,
-        default=(64, 48),
-        help="WIDTHxHEIGHT of images (64x48)",
+        # written as on the command line: argparse passes a string default through ``type``
+        default="{}x{}".format(*_MIX.image_size),
+        help="WIDTHxHEIGHT of images (%(default)s)",
     )
     mix.add_argument(
         "--burst-every",
         metavar="N",
         type=int,
-        default=0,
-        help="after every N requests, a burst of identical deterministic requests (0: none)",
+        default=_MIX.burst_every,
+        help="after every N requests, a burst of identical deterministic requests "
+        "(0: none; default %(default)s)",
     )
     mix.add_argument(
         "--burst-size",
         metavar="N",
         type=arguments.count,
-        default=8,
-        help="identical requests in a burst (8)",
+        default=_MIX.burst_size,
+        help="identical requests in a burst (%(default)s)",
     )
-    mix.add_argument("--seed", type=int, default=0, help="the same seed sends the same requests")
+    mix.add_argument(
+        "--seed", type=int, default=_MIX.seed, help="the same seed sends the same requests"
+    )
     rude = bench.add_argument_group("a misbehaving client (reliability runs)")
     rude.add_argument(
         "--cancel-ratio",
         metavar="SHARE",
         type=arguments.share,
-        default=0.0,
-        help="share of requests the client cancels at a random moment (0); counted as CANCELLED",
+        default=_MIX.cancel_ratio,
+        help="share of requests the client cancels at a random moment (%(default)s); counted as "
+        "CANCELLED",
     )
     rude.add_argument(
         "--cancel-within",
         metavar="SECONDS",
         type=arguments.positive,
-        default=1.0,
-        help="a cancelled request is cancelled within this long of being sent (1)",
+        default=_MIX.cancel_within,
+        help="a cancelled request is cancelled within this long of being sent (%(default)s)",
     )
     rude.add_argument(
         "--short-deadline-ratio",
         metavar="SHARE",
         type=arguments.share,
-        default=0.0,
-        help="share of requests sent with a tiny deadline instead of --timeout (0)",
+        default=_MIX.short_deadline_ratio,
+        help="share of requests sent with a tiny deadline instead of --timeout (%(default)s)",
     )
     rude.add_argument(
         "--short-deadline",
         metavar="SECONDS",
         type=arguments.positive,
-        default=0.05,
-        help="the longest of those tiny deadlines, drawn from 1 ms up (0.05)",
+        default=_MIX.short_deadline,
+        help="the longest of those tiny deadlines, drawn from 1 ms up (%(default)s)",
     )
     out = bench.add_argument_group("output")
     out.add_argument(

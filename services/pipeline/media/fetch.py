@@ -33,12 +33,11 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
-from cache_actor import ComputeTimeout, Outcome, TierUse
+from cache_actor import ComputeTimeout, Outcome, Stage
 
 from ...config import MediaSettings
 from ...errors import ImageFetchFailed, UrlNotAllowed
 from ...keys import cache_key
-from ...observability.lookups import stage
 from ...observability.media_metrics import FetchStats
 from ...observability.spans import span
 from ...wire import MIME_TYPES
@@ -49,7 +48,6 @@ Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 # host, port -> the addresses the host resolves to, in the resolver's order
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
-FETCH_MEMORY: Final = TierUse("fetch", read=False, write=False)
 _REDIRECTS: Final = frozenset({301, 302, 303, 307, 308})
 _CHUNK: Final = 64 * 1024
 
@@ -148,17 +146,16 @@ class ImageFetcher:
         key = _key(url)
         for _ in range(2):
             try:
-                with stage("fetch"):
-                    lookup = await self.cache.get(
-                        key,
-                        # no deadline of its own: the leader's would fail the followers who
-                        # wait longer; the waiters' deadlines bound it (see the module's doc)
-                        lambda: self._fetch(index, url),
-                        tenant=tenant,
-                        timeout=max(seconds_left(deadline), 0.001),
-                        tier=FETCH_MEMORY,
-                        cancel_when_orphaned=True,
-                    )
+                lookup = await self.cache.get(
+                    key,
+                    # no deadline of its own: the leader's would fail the followers who
+                    # wait longer; the waiters' deadlines bound it (see the module's doc)
+                    lambda: self._fetch(index, url),
+                    tenant=tenant,
+                    timeout=max(seconds_left(deadline), 0.001),
+                    tier=Stage.FETCH.tier_use,
+                    cancel_when_orphaned=True,
+                )
             except (UrlNotAllowed, ImageFetchFailed) as failed:
                 # a fetch another request started names its image: this one names its own
                 raise failed.at(index) from None
@@ -355,7 +352,7 @@ def _joined(index: int, url: str, location: str) -> str:
 
 def _key(url: str) -> str:
     """A URL's fetched bytes in the cache: the same for every model (they are the bytes)."""
-    return cache_key("url", "fetch", {"url": url})
+    return cache_key("url", Stage.FETCH, {"url": url})
 
 
 def _is_network(entry: str) -> bool:
@@ -380,4 +377,4 @@ def _what(error: httpx.HTTPError) -> str:
     return "the connection broke"
 
 
-__all__ = ["FETCH_MEMORY", "Fetched", "ImageFetcher", "refused_kind", "url_problem"]
+__all__ = ["Fetched", "ImageFetcher", "refused_kind", "url_problem"]

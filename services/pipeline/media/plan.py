@@ -4,7 +4,8 @@ the media stage built from it once the engine has.
     plan_media(settings, model, dtype, device_share)   (a thread: it reads the model's files,
         │                     loads the encoder on the engine's device, measures what it needs)
         ─▶ MediaPlan(encoder, placeholder tokens, shrink, the engine's share of its device)
-        ─▶ plan.configure(engine)  ─▶ the engine starts  ─▶ plan.stage(...): the MediaStage
+        ─▶ plan.intake(): the images the engine's plan takes ─▶ the engine starts
+        ─▶ plan.stage(...): the MediaStage
 
 mode ``pixels`` never loads the encoder; ``embeddings`` must (or the server does not start);
 ``auto`` runs it where mmgate reproduces it (the LLaVA family) and it is slow enough for its
@@ -22,6 +23,8 @@ from typing import TYPE_CHECKING, final
 
 from ...config import MediaSettings
 from ...engine.placement import Accelerators, EncoderMemory, engine_share
+from ...engine.plan import ImageIntake
+from ...engine.protocol import ServedEngine
 from ...models import image_tokens, model_config
 from ..cache_front import CacheFront
 from ..chaos import NoChaos
@@ -31,7 +34,6 @@ from .stages import MediaStage, media_stage
 if TYPE_CHECKING:
     from ...engine.encoder import VisionEncoder
     from ...engine.shrink import ProcessorShrink
-    from ...engine.worker import EngineWorker
 
 log = logging.getLogger("mmgate.media")
 
@@ -53,17 +55,14 @@ class MediaPlan:
     def encoder_dtype(self) -> str | None:
         return None if self.encoder is None else str(self.encoder.dtype)
 
-    def configure(self, engine: EngineWorker) -> None:
-        """Before the engine starts: how many images a prompt may take, and in which form."""
-        engine.device_share = self.device_share
-        if self.vision_tower:
-            engine.accept_images(
-                per_prompt=self.settings.max_images_per_request,
-                embeddings=self.encoder is not None,
-            )
+    def intake(self) -> ImageIntake | None:
+        """For the engine's plan: how many images a prompt may take, and in which form."""
+        if not self.vision_tower:
+            return None
+        return ImageIntake(self.settings.max_images_per_request, self.encoder is not None)
 
     def stage(
-        self, cache: CacheFront, engine: EngineWorker, *, threads: ThreadPools, chaos: NoChaos
+        self, cache: CacheFront, engine: ServedEngine, *, threads: ThreadPools, chaos: NoChaos
     ) -> MediaStage:
         """The media stage for the started engine: chosen once, never tested for again."""
         return media_stage(

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, final
 
 from PIL import Image
 
-from cache_actor import Lookup
+from cache_actor import Lookup, Stage
 
 from ...config import MediaSettings
 from ...engine.tensors import tensor_nbytes
@@ -48,13 +48,12 @@ from ...errors import (
     Violation,
 )
 from ...keys import cache_key
-from ...observability.lookups import stage
 from ...observability.spans import span
 from ...types import EngineImages, ImageInput, ImageReport, MediaForm, MediaStats
 from ...wire import digest_of
 from ..cache_front import CacheFront, outcome_of
 from ..chaos import NoChaos
-from ..request import EMBEDDING_TIER, IMAGE_MEMORY, seconds_left
+from ..request import seconds_left
 from ..threads import ThreadPools
 from .batching import EncodeBatcher
 from .codec import DecodedImage, decode
@@ -126,7 +125,7 @@ class MediaStage:
         self.refuse()
         raise NotImplementedError
 
-    def stage_keys(self, digest: str) -> dict[str, str]:
+    def stage_keys(self, digest: str) -> dict[Stage, str]:
         """Every cache key an image may be held under, by stage."""
         self.refuse()
         return {}
@@ -145,9 +144,9 @@ class NoImages(MediaStage):
     def refuse(self) -> None:
         raise ModelTakesNoImages(self.model_name)
 
-    def stage_keys(self, digest: str) -> dict[str, str]:
+    def stage_keys(self, digest: str) -> dict[Stage, str]:
         # nothing is ever held under it, but the answer stays "absent", not an error
-        return {"image": _image_key(self.model_name, digest)}
+        return {Stage.IMAGE: _image_key(self.model_name, digest)}
 
 
 class PixelsStage(MediaStage):
@@ -185,8 +184,8 @@ class PixelsStage(MediaStage):
     def placeholder_tokens(self) -> int:
         return self._placeholder_tokens
 
-    def stage_keys(self, digest: str) -> dict[str, str]:
-        return {"image": _image_key(self.model_name, digest)}
+    def stage_keys(self, digest: str) -> dict[Stage, str]:
+        return {Stage.IMAGE: _image_key(self.model_name, digest)}
 
     async def prepare(
         self, images: Sequence[ImageInput], tenant: str, deadline: float
@@ -297,16 +296,14 @@ class PixelsStage(MediaStage):
             self.stats.decode_seconds += time.perf_counter() - started
             return DecodedImage(image, source.digest)
 
-        with stage("image"):
-            return await self.cache.get(
-                _image_key(self.model_name, source.digest),
-                load,
-                tenant=tenant,
-                timeout=seconds_left(deadline),
-                # decoded pixels are not shared: the request carries the bytes (tier_values.py)
-                tier=IMAGE_MEMORY,
-                label=source.digest,
-            )
+        return await self.cache.get(
+            _image_key(self.model_name, source.digest),
+            load,
+            tenant=tenant,
+            timeout=seconds_left(deadline),
+            tier=Stage.IMAGE.tier_use,
+            label=source.digest,
+        )
 
 
 @final
@@ -349,10 +346,10 @@ class EmbeddingsStage(PixelsStage):
     def embedding_key(self, digest: str) -> str:
         # the model's name stands for its tower, feature layer and projector; dtype is ours
         settings = {"dtype": str(self.encoder.dtype), "tokens": self.encoder.image_tokens}
-        return cache_key(self.model_name, "embedding", {"digest": digest, **settings})
+        return cache_key(self.model_name, Stage.EMBEDDING, {"digest": digest, **settings})
 
-    def stage_keys(self, digest: str) -> dict[str, str]:
-        return {**super().stage_keys(digest), "embedding": self.embedding_key(digest)}
+    def stage_keys(self, digest: str) -> dict[Stage, str]:
+        return {**super().stage_keys(digest), Stage.EMBEDDING: self.embedding_key(digest)}
 
     def _engine_item(self, value: Any) -> Any:
         assert isinstance(value, Embedding)
@@ -373,15 +370,14 @@ class EmbeddingsStage(PixelsStage):
             self.stats.encode_seconds += time.perf_counter() - started
             return Embedding(tensor)
 
-        with stage("embedding"):
-            return await self.cache.get(
-                self.embedding_key(source.digest),
-                encode,
-                tenant=tenant,
-                timeout=seconds_left(deadline),
-                tier=EMBEDDING_TIER,
-                label=source.digest,
-            )
+        return await self.cache.get(
+            self.embedding_key(source.digest),
+            encode,
+            tenant=tenant,
+            timeout=seconds_left(deadline),
+            tier=Stage.EMBEDDING.tier_use,
+            label=source.digest,
+        )
 
 
 def media_stage(
@@ -423,7 +419,7 @@ def _decode(
 
 
 def _image_key(model_name: str, digest: str) -> str:
-    return cache_key(model_name, "image", {"digest": digest, "mode": "RGB"})
+    return cache_key(model_name, Stage.IMAGE, {"digest": digest, "mode": "RGB"})
 
 
 __all__ = [

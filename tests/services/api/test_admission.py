@@ -9,9 +9,9 @@ import pytest
 
 from services.api.admission import Admission
 from services.api.quotas import TenantQuotas
-from services.api.status import ServiceError
+from services.api.status import from_exception
 from services.config import Settings
-from services.errors import TenantOverloaded
+from services.errors import Draining, ServerOverloaded, TenantOverloaded
 from services.wire import DRAINING, OVERLOADED
 from tests.support import eventually
 
@@ -47,12 +47,10 @@ def test_the_servers_limit_then_a_tenants_share() -> None:
         with pytest.raises(TenantOverloaded):
             gate.enter("a").__enter__()
         with gate.enter("b"), gate.enter("b"):
-            with pytest.raises(ServiceError) as caught:
+            with pytest.raises(ServerOverloaded) as caught:
                 gate.enter("b").__enter__()
-            assert (caught.value.code, caught.value.reason) == (
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                OVERLOADED,
-            )
+            told = from_exception(caught.value)
+            assert (told.code, told.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED, OVERLOADED)
     # a refusal counted nothing
     assert (gate.active, gate.by_tenant) == (0, {})
 
@@ -60,12 +58,12 @@ def test_the_servers_limit_then_a_tenants_share() -> None:
 def test_the_admins_reserve_is_theirs_alone() -> None:
     gate = admission(limit=6, reserve=2)  # two tenants: (6 - 2) / 2 = a share of 2 each
     with gate.enter("a"), gate.enter("a"), gate.enter("b"), gate.enter("b"):
-        with pytest.raises(ServiceError) as caught:
+        with pytest.raises(ServerOverloaded) as caught:
             gate.enter("c").__enter__()  # a third tenant: the rest is the admins'
-        assert caught.value.reason == OVERLOADED
+        assert from_exception(caught.value).reason == OVERLOADED
         with gate.enter("ops", admin=True), gate.enter("ops", admin=True):
             assert gate.active == 6
-            with pytest.raises(ServiceError):
+            with pytest.raises(ServerOverloaded):
                 gate.enter("ops", admin=True).__enter__()  # the server's limit holds for all
     assert (gate.active, gate.by_tenant) == (0, {})
 
@@ -87,9 +85,10 @@ async def test_the_drain_refuses_new_calls_and_waits_for_those_in_progress() -> 
     assert gate.active == 1
     drained = asyncio.create_task(gate.drain(30))
     await eventually(draining, timeout=10)
-    with pytest.raises(ServiceError) as caught:
+    with pytest.raises(Draining) as caught:
         gate.enter("b").__enter__()
-    assert (caught.value.code, caught.value.reason) == (grpc.StatusCode.UNAVAILABLE, DRAINING)
+    told = from_exception(caught.value)
+    assert (told.code, told.reason) == (grpc.StatusCode.UNAVAILABLE, DRAINING)
     assert not drained.done()
     leave.set()
     assert await drained is True

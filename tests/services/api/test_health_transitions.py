@@ -12,11 +12,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.api.grpc_server import INFERENCE
 from services.api.health import CACHE_ACTOR, LIVENESS, READINESS
-from services.api.server import INFERENCE
 from services.types import EngineRequest, Sampling
 
-from ..in_process import InProcess
+from ..in_process import InProcess, vllm_worker
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -83,7 +83,7 @@ async def test_the_output_handler_stops_before_the_engine_core(
     """vLLM's shutdown stops its core first and its output handler after, so a handler still
     waiting for output met a dead core and logged EngineDeadError's traceback: mmgate stops
     the handler first."""
-    worker = llava_in_process.server.engine
+    worker = vllm_worker(llava_in_process.server)
     request = EngineRequest(
         request_id="mmgate-close-test",
         prompt_token_ids=(1, 2, 3),

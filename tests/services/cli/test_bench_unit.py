@@ -1,13 +1,17 @@
-"""mmgate bench's parts without a server: the workload is reproducible and does what its knobs
-say, percentiles are nearest-rank, and the summary counts what happened."""
+"""mmgate bench's parts without a server: its options' defaults are the workload's, the workload
+is reproducible and does what its knobs say, percentiles are nearest-rank, and the summary counts
+what happened."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from services.cli.bench.load import Outcome
+from services.cli.bench.load import Limits, Outcome
 from services.cli.bench.report import percentile, summarize
 from services.cli.bench.workload import Mix, Workload
+from services.cli.commands import _parser
 
 
 def planned(mix: Mix, count: int) -> list[tuple[str, bytes]]:
@@ -15,6 +19,13 @@ def planned(mix: Mix, count: int) -> list[tuple[str, bytes]]:
     return [
         (p.kind, p.request.SerializeToString()) for p in (workload.next() for _ in range(count))
     ]
+
+
+def test_the_options_defaults_are_the_workloads_and_the_runs() -> None:
+    args = vars(_parser().parse_args(["bench"]))
+    for defaults in (Mix(), Limits()):
+        for field in dataclasses.fields(defaults):
+            assert args[field.name] == getattr(defaults, field.name), field.name
 
 
 def test_the_same_seed_sends_the_same_requests() -> None:

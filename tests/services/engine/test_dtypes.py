@@ -21,6 +21,7 @@ from services.engine.dtypes import (
     settle_auto_dtype,
     this_cpu,
 )
+from services.engine.plan import EnginePlan
 from services.engine.worker import EngineWorker
 
 LIBS = "vllm 0.32.0, torch 2.13.0+cpu"
@@ -107,14 +108,12 @@ def test_settle_checks_once_then_remembers(tmp_path: Path, monkeypatch: pytest.M
 
 def test_the_engine_worker_runs_what_was_chosen(tmp_path: Path) -> None:
     store = verdicts(tmp_path)
-    worker = EngineWorker(EngineSettings(), "/models/any")
-    worker.cpu, worker.verdicts = AMX, store
+    worker = EngineWorker(EngineSettings(), verdicts=store, cpu=AMX)
     store.record(AMX.key, False, "gibberish")
-    assert worker.engine_args().dtype == "float32"
-    right = EngineWorker(EngineSettings(), "/models/any")
-    right.cpu, right.verdicts = AVX512_BF16, store
+    assert worker.engine_args(EnginePlan("/models/any")).dtype == "float32"
+    right = EngineWorker(EngineSettings(), verdicts=store, cpu=AVX512_BF16)
     store.record(AVX512_BF16.key, True, "Paris")
-    assert right.engine_args().dtype == "bfloat16"
+    assert right.engine_args(EnginePlan("/models/any")).dtype == "bfloat16"
     assert "answered right" in right.dtype_choice().reason
 
 

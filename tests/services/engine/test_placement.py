@@ -20,6 +20,7 @@ from services.engine.placement import (
     EncoderMemory,
     engine_share,
 )
+from services.engine.plan import EnginePlan
 from services.engine.worker import EngineWorker
 from services.pipeline.media.plan import plan_media
 
@@ -90,10 +91,12 @@ def test_the_engines_device_decides_where_the_tower_runs_and_what_the_engine_kee
     (image,) = encoder.blank_images(1)
     assert encoder.encode([image]).device == torch.device("cpu")
     # and vLLM is given the rest of the device
-    worker = EngineWorker(EngineSettings(), str(tiny_llava))
-    plan.configure(worker)
+    worker = EngineWorker(EngineSettings())
+    engine_plan = EnginePlan(str(tiny_llava), plan.intake(), device_share=plan.device_share)
     worker._on_cpu = lambda: False  # type: ignore[method-assign]
-    assert worker.engine_args().gpu_memory_utilization == pytest.approx(plan.device_share)
+    assert worker.engine_args(engine_plan).gpu_memory_utilization == pytest.approx(
+        plan.device_share
+    )
 
 
 def test_without_an_accelerator_the_tower_runs_on_the_cpu_and_takes_nothing(

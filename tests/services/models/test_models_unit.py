@@ -216,7 +216,7 @@ def test_prepare_converts_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(default_recipe, "_convert_gguf", convert)
     monkeypatch.setenv("MMGATE_MODEL_CACHE", str(tmp_path))
-    first = prepare_default_model()
+    first = prepare_default_model(default_model_cache())
     assert first == tmp_path / DEFAULT_MODEL_NAME
     assert prepare_default_model(tmp_path) == first
     assert len(calls) == 1

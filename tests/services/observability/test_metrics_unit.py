@@ -13,20 +13,18 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
-from cache_actor import CacheActor, CacheConfig, CacheRecursionError
+from cache_actor import CacheActor, CacheConfig, CacheRecursionError, Stage
 from services.api.interceptors.metrics import metrics_interceptors
 from services.api.interceptors.wrapping import final_status
 from services.config import Settings
 from services.engine.stats import TokenCounters
 from services.engine.worker import EngineWorker
-from services.observability.lookups import stage
-from services.observability.metric_families import Snapshot, families, media_outcome
+from services.observability.metric_families import media_outcome
 from services.observability.metrics import LookupMetrics, Metrics
-from services.pipeline.threads import ThreadPools
 from services.types import TIME_TO_FIRST_TOKEN_BUCKETS, EngineHealth, MediaStats
 from tests.support import until
 
-from ..prom import DASHBOARD_NAMES, Scrape, parse, promtool_problems
+from ..prom import DASHBOARD_NAMES, Scrape, parse, promtool_problems, service_families
 
 SETTINGS = Settings(metrics={"port": 0})
 
@@ -61,19 +59,19 @@ async def test_lookups_are_counted_by_stage_outcome_and_tier(
         await release.wait()
         return "value"
 
-    with stage("prompt"):
-        leader = asyncio.ensure_future(cache.get("a", slow))
-        await started.wait()
-        follower = asyncio.ensure_future(cache.get("a", slow))
-        await until(lambda: cache.stats().waiters == 2)
-        release.set()
-        assert (await leader).outcome.value == "miss"
-        assert (await follower).outcome.value == "coalesced"
-        await cache.get("a", slow)  # stored: a hit
+    prompt = Stage.PROMPT.tier_use
+    leader = asyncio.ensure_future(cache.get("a", slow, tier=prompt))
+    await started.wait()
+    follower = asyncio.ensure_future(cache.get("a", slow, tier=prompt))
+    await until(lambda: cache.stats().waiters == 2)
+    release.set()
+    assert (await leader).outcome.value == "miss"
+    assert (await follower).outcome.value == "coalesced"
+    await cache.get("a", slow, tier=prompt)  # stored: a hit
 
     async def own_key() -> str:
-        with stage("image"):
-            await cache.get("b", own_key)  # asks for itself: refused at once
+        # asks for itself: refused at once
+        await cache.get("b", own_key, tier=Stage.IMAGE.tier_use)
         return "never"
 
     async def broken() -> str:
@@ -83,24 +81,24 @@ async def test_lookups_are_counted_by_stage_outcome_and_tier(
         await asyncio.Event().wait()
         return "never"
 
-    with stage("embedding"):
-        with pytest.raises(CacheRecursionError):
-            await cache.get("b", own_key)
-        with pytest.raises(ValueError, match="corrupt"):
-            await cache.get("c", broken)
-        with pytest.raises(TimeoutError):
-            await cache.get("d", endless, timeout=0.05)
-        entered = asyncio.Event()
+    embedding = Stage.EMBEDDING.tier_use
+    with pytest.raises(CacheRecursionError):
+        await cache.get("b", own_key, tier=embedding)
+    with pytest.raises(ValueError, match="corrupt"):
+        await cache.get("c", broken, tier=embedding)
+    with pytest.raises(TimeoutError):
+        await cache.get("d", endless, timeout=0.05, tier=embedding)
+    entered = asyncio.Event()
 
-        async def endless_once_entered() -> str:
-            entered.set()
-            return await endless()
+    async def endless_once_entered() -> str:
+        entered.set()
+        return await endless()
 
-        waiting = asyncio.ensure_future(cache.get("e", endless_once_entered))
-        await entered.wait()  # the flight runs: its lookup is waiting on it
-        waiting.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await waiting
+    waiting = asyncio.ensure_future(cache.get("e", endless_once_entered, tier=embedding))
+    await entered.wait()  # the flight runs: its lookup is waiting on it
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
 
     hook = metrics.lookup_hook
     assert isinstance(hook, LookupMetrics)
@@ -133,35 +131,30 @@ def test_a_value_from_any_tier_is_a_media_hit() -> None:
 # ── the exported families ──────────────────────────────────────────────────────────────────
 
 
-async def snapshot_of(cache: CacheActor, lookups: dict[tuple[str, str, str], int]) -> Snapshot:
-    engine = EngineWorker(SETTINGS.engine, "/models/tiny")
-    return Snapshot(
+async def families_of(cache: CacheActor, lookups: dict[tuple[str, str, str], int]) -> list[Metric]:
+    engine = EngineWorker(SETTINGS.engine)
+    return service_families(
         cache=cache.stats(),
         mailbox_capacity=cache.config.mailbox_size,
         lookups=lookups,
         engine=dataclasses.replace(engine.stats(), prefix_cache_queries=400, prefix_cache_hits=100),
-        tokens=engine.token_stats(),
-        engine_ready=False,
-        engine_health=EngineHealth("stalled", in_flight=2, seconds_since_step=3.5, stalls=1),
-        threads=ThreadPools(SETTINGS.threads).stats(),
-        model=engine.model_name,
+        health=EngineHealth("stalled", in_flight=2, seconds_since_step=3.5, stalls=1),
+        model="tiny",
         media=MediaStats(decodes=2),
         media_mode="embeddings",
-        active_requests=0,
         max_concurrent_requests=16,
         loop_tasks=12,
         tier_refused=2,
-        chaos_enabled=True,
-        chaos_injected={("decode", "fail"): 3, ("loop_block", "block"): 1},
+        chaos={("decode", "fail"): 3, ("loop_block", "block"): 1},
     )
 
 
 class Fixed:
-    def __init__(self, snapshot: Snapshot) -> None:
-        self.snapshot = snapshot
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
 
     def collect(self) -> Iterator[Metric]:
-        return families(self.snapshot)
+        return iter(self.families)
 
 
 async def test_every_family_passes_promtool(observed: tuple[Metrics, CacheActor]) -> None:
@@ -173,7 +166,7 @@ async def test_every_family_passes_promtool(observed: tuple[Metrics, CacheActor]
         for outcome in outcomes
     }
     registry = CollectorRegistry()
-    registry.register(Fixed(await snapshot_of(cache, lookups)))
+    registry.register(Fixed(await families_of(cache, lookups)))
     # the service's families, and the interceptor's and the hook's (no samples yet)
     text = generate_latest(registry).decode() + generate_latest(Metrics(SETTINGS).registry).decode()
     assert promtool_problems(text) == ""

@@ -32,7 +32,7 @@ from services.wire import digest_of
 from tests.support import eventually
 
 from ..imagegen import png
-from ..in_process import TRACED_SERVICE, InProcess, finished
+from ..in_process import TRACED_SERVICE, InProcess, finished, vllm_worker
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -360,7 +360,7 @@ async def test_a_deadline_exceeded_stream_ends_deadline_exceeded(
 async def test_vllm_is_handed_the_engine_spans_context(
     traced: InProcess, client: MmgateClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    engine = traced.server.engine
+    engine = vllm_worker(traced.server)
     vllm = engine._engine
     assert vllm is not None
     handed: list[dict[str, str] | None] = []

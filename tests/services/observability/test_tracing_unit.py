@@ -25,12 +25,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from cache_actor import CacheActor, CacheConfig, CacheRecursionError, ComputeTimeout
+from cache_actor import CacheActor, CacheConfig, CacheRecursionError, ComputeTimeout, Stage
 from services.api.interceptors.tracing import RpcStatus, tracing_interceptors
 from services.config import Settings, TracingSettings
 from services.observability import spans
 from services.observability.logs import JsonFormatter, TextFormatter, TraceContextFilter
-from services.observability.lookups import stage
 from services.observability.tracing import (
     ExportPlan,
     LookupSpans,
@@ -216,8 +215,8 @@ async def test_a_miss_is_the_parent_of_its_computation(
 ) -> None:
     gate = SpanGate(b"12345")
     gate.release.set()
-    with calling(tracer), tracer.start_as_current_span("request") as request, stage("image"):
-        await cache.get("ab" * 32, gate, tenant="t")
+    with calling(tracer), tracer.start_as_current_span("request") as request:
+        await cache.get("ab" * 32, gate, tenant="t", tier=Stage.IMAGE.tier_use)
         # the lookup's span is current only while it lasts
         assert trace.get_current_span() is request
     [lookup] = by_name(exporter, "cache.lookup")

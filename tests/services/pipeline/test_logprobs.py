@@ -16,6 +16,7 @@ import pytest_asyncio
 from services.api.server import MmgateServer
 from services.client import MmgateClient, build_request, error_reason
 from services.proto.mmgate.v1 import inference_pb2 as pb
+from tests.services.in_process import vllm_worker
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -43,7 +44,7 @@ async def vllm_answer(server: MmgateServer, token_ids: list[int], max_tokens: in
         prompt_logprobs=TOP,
         output_kind=RequestOutputKind.FINAL_ONLY,
     )
-    engine = server.engine._require()
+    engine = vllm_worker(server)._require()
     final = None
     async for output in engine.generate(
         TokensPrompt(prompt_token_ids=token_ids), params, f"test-{uuid.uuid4().hex}"

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from cache_actor import CacheActor, CacheRecursionError
+from cache_actor import CacheActor, CacheRecursionError, Stage
 from services.api.validation import validate
 from services.client import HeldImages, build_request, digest_of
 from services.config import Settings
@@ -245,7 +245,7 @@ async def test_a_corrupt_image_is_invalid_and_not_cached(pipeline: PixelsStage) 
     assert pipeline.stats.rejected == 1
     # the failure is not stored (the good image's decode, if it was still queued for a thread
     # when the request failed, was cancelled with it; one that had started is stored)
-    corrupt = pipeline.stage_keys(digest_of(corrupt_png(2)))["image"]
+    corrupt = pipeline.stage_keys(digest_of(corrupt_png(2)))[Stage.IMAGE]
 
     async def settled() -> bool:
         return pipeline.cache.stats().flights == 0

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from cache_actor import CacheActor, CacheConfig, Outcome, TierUse
+from cache_actor import CacheActor, CacheConfig, Outcome, Stage, TierUse
 from services.config import RedisSettings
 from services.engine.values import seal, seal_json, unseal_json
 from services.storage.redis_tier import RedisTier, redis_address, redis_client, redis_weaknesses
@@ -25,7 +25,7 @@ from tests.redis_support import (
 )
 from tests.support import eventually, free_port
 
-STAGE = TierUse("response")
+STAGE = TierUse(Stage.RESPONSE)
 
 
 class JsonCodec:
@@ -156,7 +156,7 @@ async def test_invalidate_on_one_replica_reaches_the_other(
     await written(probe, "k")
     assert (await second.get("k", computed("x"), tenant="t", tier=STAGE)).tier == "redis"
     assert (await second.get("k", computed("x"), tenant="t", tier=STAGE)).outcome is Outcome.HIT
-    assert await first.invalidate("k", tenant="t", stage="response")
+    assert await first.invalidate("k", tenant="t", stage=Stage.RESPONSE)
     assert redis.cli("KEYS", "mmgate:*") == ""
 
     async def dropped() -> bool:
@@ -411,7 +411,7 @@ async def test_a_cluster_shares_values_and_invalidations(tmp_path: Path) -> None
         assert [(s.value, s.tier) for s in served] == [(i, "redis") for i in range(20)]
         assert all(node.cli("DBSIZE") != "0" for node in nodes)
         await subscribed(nodes, tiers[1].channel, listeners=2)
-        await first.invalidate("k3", tenant="t", stage="response")
+        await first.invalidate("k3", tenant="t", stage=Stage.RESPONSE)
 
         async def dropped() -> bool:
             return (await second.inspect("k3", tenant="t")).state == "absent"
