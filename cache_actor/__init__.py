@@ -14,7 +14,7 @@ from .errors import (
     CacheRecursionError,
     ComputeTimeout,
 )
-from .events import CacheEvent, Journal, Watcher
+from .events import CacheEvent, EventKind, Journal, Watcher, WatchFilter, WatchStats
 from .flights import waiting_to_start
 from .lookup import Lookup, LookupEvent, LookupHook, Outcome
 from .stages import Stage, TierUse
@@ -33,6 +33,7 @@ __all__ = [
     "CacheStats",
     "ComputeTimeout",
     "EntryInfo",
+    "EventKind",
     "InMemoryTier",
     "Journal",
     "Lookup",
@@ -43,6 +44,8 @@ __all__ = [
     "Stage",
     "TenantStats",
     "TierUse",
+    "WatchFilter",
+    "WatchStats",
     "Watcher",
     "Weigher",
     "default_weigher",

@@ -36,7 +36,7 @@ from ._loop import ActorLoop
 from ._messages import CLOSE, Fault, Get, Query, WaiterLeft
 from .config import CacheConfig
 from .errors import CacheActorDead, CacheOverloaded
-from .events import CacheEvent, Journal, Watcher
+from .events import CacheEvent, Journal, Watcher, WatchFilter
 from .flights import COMPUTING
 from .lookup import Lookup, LookupEvent, LookupHook
 from .stages import Stage, TierUse
@@ -334,17 +334,18 @@ class CacheActor:
         return time.perf_counter() - started
 
     async def watch(
-        self, tenants: frozenset[str] | None, since: int, capacity: int, timeout: float = 5.0
+        self, watching: WatchFilter, since: int, capacity: int, timeout: float = 5.0
     ) -> tuple[Watcher, list[CacheEvent]]:
-        """A watcher of what the store does for ``tenants`` (None: all), and what it is owed
-        first: the events after ``since`` while the journal still has them, else a snapshot
-        of what is held (events.py). Raises CacheOverloaded beyond the journal's watchers."""
+        """A watcher of what the store does that ``watching`` admits (its tenants, its stage),
+        and what it is owed first: the events after ``since`` while the journal still has them,
+        else a snapshot of what is held (events.py). Raises CacheOverloaded beyond the
+        journal's watchers."""
         core = self._core
         journal = core.journal
         if journal is None:
             raise RuntimeError("this cache actor has no journal to watch")
         subscribed: tuple[Watcher, list[CacheEvent]] = await self._ask(
-            lambda: journal.subscribe(tenants, since, capacity, core.store.entries), timeout
+            lambda: journal.subscribe(watching, since, capacity, core.store.entries), timeout
         )
         return subscribed
 

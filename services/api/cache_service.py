@@ -17,13 +17,14 @@ from typing import Any, Final, final
 
 import grpc
 
-from cache_actor import CacheEvent, EntryInfo, Stage, TenantStats, Watcher
+from cache_actor import CacheEvent, EntryInfo, Stage, TenantStats, Watcher, WatchFilter
 
 from ..config import Settings
 from ..errors import EntryNotFound, InvalidRequest, NotPermitted, Violation
 from ..keys import is_hex_key
 from ..pipeline.cache_front import CacheFront
 from ..pipeline.generation import PipelineRef
+from ..pipeline.request import MediaCall
 from ..pipeline.tenancy import Isolation
 from ..proto.mmgate.v1 import cache_pb2 as pb
 from ..proto.mmgate.v1 import cache_pb2_grpc
@@ -76,7 +77,7 @@ def _watch_event(event: CacheEvent) -> pb.WatchEvent:
         digest=event.label if event.stage.is_media else "",
         bytes=event.nbytes,
         tier=event.tier or "",
-        snapshot=event.kind == "held",
+        snapshot=event.snapshot,
     )
 
 
@@ -180,9 +181,9 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
                 if violations := image_violations(image, self.settings):
                     raise InvalidRequest(violations)
                 source = image_input(0, image)
-                media_tenant = self.isolation.media_tenant(tenant)
+                media_call = MediaCall(self.isolation.media_tenant(tenant), deadline)
                 try:
-                    report = await pipeline.media.prefetch(source, media_tenant, deadline)
+                    report = await pipeline.media.prefetch(source, media_call)
                 except InvalidRequest as invalid:
                     # the stage names the image as in a GenerateRequest; here it is `data`
                     raise InvalidRequest(
@@ -192,13 +193,20 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
             digest=report.digest, outcome=report.outcome, tier=report.tier, form=report.form
         )
 
+    def _entries(
+        self, request: pb.InspectRequest | pb.InvalidateRequest
+    ) -> tuple[str, str, str, str]:
+        """The key or image digest a call names, the tenant whose entries it is about, and
+        that tenant's image namespace."""
+        key, digest = _target(request.key, request.digest)
+        tenant = _entries_of(current_caller(), request.tenant)
+        return key, digest, tenant, self.isolation.media_tenant(tenant)
+
     async def Inspect(
         self, request: pb.InspectRequest, context: grpc.aio.ServicerContext
     ) -> pb.InspectResponse:
         async with answering(context):
-            key, digest = _target(request.key, request.digest)
-            tenant = _entries_of(current_caller(), request.tenant)
-            media_tenant = self.isolation.media_tenant(tenant)
+            key, digest, tenant, media_tenant = self._entries(request)
             if key:
                 info = await self.cache.inspect(key, tenant=tenant)
                 if info.state == "absent" and media_tenant != tenant:
@@ -222,9 +230,7 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         self, request: pb.InvalidateRequest, context: grpc.aio.ServicerContext
     ) -> pb.InvalidateResponse:
         async with answering(context):
-            key, digest = _target(request.key, request.digest)
-            tenant = _entries_of(current_caller(), request.tenant)
-            media_tenant = self.isolation.media_tenant(tenant)
+            key, digest, tenant, media_tenant = self._entries(request)
             # (tenant, stage, key): an image's keys by stage, in the images' namespace; a raw
             # key may be in any stage, in the tenant's namespace or (media shared) the shared one
             keys: list[tuple[str, Stage | None, str]]
@@ -239,9 +245,10 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         return pb.InvalidateResponse(removed=any(removed))
 
     async def Watch(self, request: pb.WatchRequest, context: grpc.aio.ServicerContext) -> None:
-        """What the store does for the caller's tenant, as it happens (cache_actor/events.py):
-        a snapshot (or the events missed since ``since``), "synced", then live events; a
-        watcher that falls behind gets one "gap" and its stream ends.
+        """What the store does for the caller's tenant, as it happens: the journal's events of
+        the tenants and stage asked for (cache_actor/events.py), as messages: a snapshot (or
+        the events missed since ``since``), "synced", then live events; a watcher that falls
+        behind gets one "gap" and its stream ends.
 
         Sequence numbers count the watched tenant's events alone (1, 2, 3 ...); an admin's
         ``all_tenants`` watch counts every tenant's events together. A tenant holds at most
@@ -258,20 +265,25 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
                 raise InvalidRequest(
                     [Violation("stage", "one of " + ", ".join(s for s in Stage if s))]
                 )
-            tenants = (
-                None if request.all_tenants else frozenset({_entries_of(caller, request.tenant)})
+            watching = WatchFilter(
+                tenants=(
+                    None
+                    if request.all_tenants
+                    else frozenset({_entries_of(caller, request.tenant)})
+                ),
+                stage=Stage(request.stage),
             )
             release = self._take_watch_slot(caller.tenant)
             try:
                 watcher, first = await self.cache.watch(
-                    tenants, request.since, self.settings.cache.watch_buffer
+                    watching, request.since, self.settings.cache.watch_buffer
                 )
             except BaseException:
                 release()
                 raise
         idle = self.settings.cache.watch_idle_seconds
         try:
-            await _stream(context, watcher, first, Stage(request.stage), idle)
+            await _stream(context, watcher, first, idle)
         except TimeoutError:
             # a write held that long: the client reads nothing. Not abort(): its status would
             # wait behind the messages the client has not read, and so would this handler
@@ -305,31 +317,23 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
 
 
 async def _stream(
-    context: grpc.aio.ServicerContext,
-    watcher: Watcher,
-    first: list[CacheEvent],
-    stage: Stage,
-    idle: float,
+    context: grpc.aio.ServicerContext, watcher: Watcher, first: list[CacheEvent], idle: float
 ) -> None:
-    """A watcher's messages, each write bounded by ``idle`` (TimeoutError beyond it), until
-    its gap. Written here rather than yielded, so that a write that waits is this handler's to
-    bound (interceptors/wrapping.py writes what a handler yields, unbounded)."""
+    """A watcher's events as messages: what it is owed first, its "synced", then live events
+    until its gap; each write bounded by ``idle`` (TimeoutError beyond it). Written here rather
+    than yielded, so that a write that waits is this handler's to bound
+    (interceptors/wrapping.py writes what a handler yields, unbounded)."""
 
-    async def send(message: pb.WatchEvent) -> None:
+    async def send(event: CacheEvent) -> None:
         async with asyncio.timeout(idle):
-            await context.write(message)
+            await context.write(_watch_event(event))
 
-    for event in first:
-        if stage is Stage.ANY or event.stage == stage:
-            await send(_watch_event(event))
-    await send(pb.WatchEvent(sequence=watcher.since, kind="synced", snapshot=not watcher.resumed))
-    while True:
+    for event in [*first, watcher.synced]:
+        await send(event)
+    # after its gap (behind, or the cache was emptied), nothing: it resumes or starts over
+    while not watcher.ended:
         for event in await watcher.next():
-            if event.kind == "gap":
-                await send(_watch_event(event))
-                return  # behind, or the cache was emptied: it resumes or starts over
-            if stage is Stage.ANY or event.stage == stage:
-                await send(_watch_event(event))
+            await send(event)
 
 
 def _idle(seconds: float) -> ServiceError:

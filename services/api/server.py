@@ -1,15 +1,15 @@
 """The grpc.aio server, and the composition root: it builds every part, wires it, runs it.
 
 MmgateServer(settings, engine=factory): auth, tracing, metrics, the cache front (actor and
-    tier), the engine (the factory's), health, thread pools, chaos, admission, servicers,
-    interceptors; each part with figures is added to the metrics where it is built
-start:    cache actor ─▶ gRPC port open (health NOT_SERVING, liveness SERVING)
+    tier), the engine (the factory's), health, thread pools, chaos, the URL fetcher, admission,
+    servicers, interceptors; each part with figures is added to the metrics where it is built
+start:    Pillow's pixel limit, cache actor ─▶ gRPC port open (health NOT_SERVING, liveness SERVING)
           ─▶ the plan (in threads: model prepared, dtype, media plan) ─▶ Redis tier opened
           in its namespace ─▶ engine.start(plan) ─▶ the Pipeline built ─▶ health SERVING
 running:  the health monitor (health.py) pings the actor, watches the engine's progress and
           hears the loop's heartbeat; health follows
 SIGTERM:  health NOT_SERVING ─▶ new calls refused (UNAVAILABLE) ─▶ in-flight calls get the
-          grace period ─▶ the rest cancelled ─▶ pipeline, engine and actor closed
+          grace period ─▶ the rest cancelled ─▶ pipeline, URL fetcher, engine and actor closed
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from ..observability.tracing import Tracing
 from ..pipeline.cache_front import cache_front
 from ..pipeline.chaos import injector
 from ..pipeline.generation import Pipeline, PipelineRef
-from ..pipeline.media import MediaPlan, plan_media
+from ..pipeline.media import ImageFetcher, MediaPlan, limit_pixels, plan_media
 from ..pipeline.tenancy import Isolation
 from ..pipeline.threads import ThreadPools
 from ..pipeline.tier_values import codecs
@@ -100,7 +100,8 @@ class MmgateServer:
         self.chaos = injector(settings.chaos)
         self.metrics.add(self.chaos)
         self.isolation = Isolation(settings.tenants)
-        # built once the engine has started (until then calls get UNAVAILABLE)
+        self.fetcher = ImageFetcher(settings.media, self.cache)
+        self.metrics.add(self.fetcher)
         self.pipelines = PipelineRef()
         self.metrics.add(self.pipelines)
         self.admission = Admission(
@@ -131,6 +132,7 @@ class MmgateServer:
     async def start(self) -> None:
         """Open the port at once (health NOT_SERVING), then start the engine."""
         settings = self.settings
+        limit_pixels(settings.media.max_image_pixels)
         self.cache.start()
         await self.monitor.starting()
         await self.server.start()
@@ -154,9 +156,11 @@ class MmgateServer:
                 encoder_dtype=media.encoder_dtype,
                 media=settings.media,
             )
-            await self.tier.open(namespace, self._forget)
+            await self.tier.open(namespace, self.cache.forget_copy)
         await self.engine.start(plan)
-        stage = media.stage(self.cache, self.engine, threads=self.threads, chaos=self.chaos)
+        stage = media.stage(
+            self.cache, self.engine, threads=self.threads, chaos=self.chaos, fetcher=self.fetcher
+        )
         self.pipelines.current = Pipeline(
             settings,
             self.engine,
@@ -200,10 +204,6 @@ class MmgateServer:
         """The started server's pipeline."""
         return self.pipelines.get()
 
-    async def _forget(self, tenant: str, key: str) -> None:
-        """Another replica invalidated a key: drop this replica's memory copy."""
-        await self.cache.invalidate(key, tenant=tenant, local=True)
-
     async def stop(self, grace: float | None = None) -> None:
         """Drain and close everything; safe to call more than once."""
         if self._stopping:
@@ -224,6 +224,7 @@ class MmgateServer:
         await self.server.stop(FLUSH_SECONDS if drained else 0)
         if self.pipelines.current is not None:
             await self.pipelines.current.close()
+        await self.fetcher.aclose()
         await self.engine.close()
         await self.cache.aclose()
         if self.tier is not None:

@@ -44,19 +44,18 @@ def build_tiny_model(path: Path, *, seed: int = 0) -> Path:
     return build_once(path, recipe, lambda tmp: _write_tiny_model(tmp, seed))
 
 
-def _write_tiny_model(out: Path, seed: int) -> None:
-    """Train the tokenizer, make the seeded random model, and save both at ``out``."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def tiny_llama_config(tokenizer: Any, *, hidden_size: int, heads: int) -> Any:
+    """A two-layer Llama over ``tokenizer``'s vocabulary, heads of 32 (vLLM's CPU attention
+    needs at least that), 2048 positions: the language model of every tiny test model."""
+    from transformers import LlamaConfig
 
-    tokenizer = train_tiny_tokenizer()
-    config = LlamaConfig(
+    return LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
         num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
         head_dim=32,
         max_position_embeddings=2048,
         bos_token_id=tokenizer.bos_token_id,
@@ -64,6 +63,15 @@ def _write_tiny_model(out: Path, seed: int) -> None:
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
     )
+
+
+def _write_tiny_model(out: Path, seed: int) -> None:
+    """Train the tokenizer, make the seeded random model, and save both at ``out``."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    tokenizer = train_tiny_tokenizer()
+    config = tiny_llama_config(tokenizer, hidden_size=64, heads=2)
     # fork_rng: seed the weights without moving the caller's global random state.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

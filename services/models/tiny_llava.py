@@ -43,7 +43,7 @@ from typing import Any, Final
 
 from ..wire import IMAGE_PLACEHOLDER
 from .build import build_once
-from .tiny import train_tiny_tokenizer
+from .tiny import tiny_llama_config, train_tiny_tokenizer
 
 __all__ = [
     "IMAGE_TOKEN",
@@ -151,7 +151,6 @@ def _write_tiny_llava(out: Path, seed: int, tower: Tower) -> None:
     from transformers import (
         CLIPImageProcessorPil,
         CLIPVisionConfig,
-        LlamaConfig,
         LlavaConfig,
         LlavaForConditionalGeneration,
         LlavaProcessor,
@@ -171,20 +170,7 @@ def _write_tiny_llava(out: Path, seed: int, tower: Tower) -> None:
         patch_size=_PATCH_SIZE,
         projection_dim=tower.hidden_size,
     )
-    text_config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        head_dim=32,
-        max_position_embeddings=2048,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-    )
+    text_config = tiny_llama_config(tokenizer, hidden_size=128, heads=4)
     config = LlavaConfig(
         vision_config=vision_config,
         text_config=text_config,

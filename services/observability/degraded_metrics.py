@@ -1,5 +1,6 @@
 """The cache front's figures: degraded mode (whether requests compute without the cache now,
-and how often) and the watchers of what the cache holds (Cache.Watch).
+and how often) and the watchers of what the cache holds (Cache.Watch: the journal's own counts,
+``cache_actor.WatchStats``).
 
 mmgate_cache_degraded                  1 while the cache actor cannot answer (dead, stalled)
 mmgate_cache_actor_replacements_total  dead actors replaced by fresh, empty ones
@@ -17,6 +18,8 @@ from typing import final
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from cache_actor import WatchStats
+
 
 @final
 @dataclass(frozen=True, slots=True)
@@ -25,14 +28,6 @@ class DegradedStats:
     replacements: int = 0
     # (stage, reason: cache_dead | cache_stalled) -> lookups computed without the cache
     bypassed: Mapping[tuple[str, str], int] = field(default_factory=dict)
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class WatchStats:
-    watchers: int = 0
-    events: int = 0
-    gaps: int = 0
 
 
 def degraded_families(stats: DegradedStats, watch: WatchStats) -> Iterator[Metric]:
@@ -72,4 +67,4 @@ def degraded_families(stats: DegradedStats, watch: WatchStats) -> Iterator[Metri
     )
 
 
-__all__ = ["DegradedStats", "WatchStats", "degraded_families"]
+__all__ = ["DegradedStats", "degraded_families"]

@@ -64,9 +64,12 @@ class FetchStats:
         return FetchStats(Counter(self.outcomes), self.bytes, list(self.counts), self.seconds)
 
 
-def media_families(media: MediaStats, fetch: FetchStats) -> Iterator[Metric]:
+def media_families(media: MediaStats) -> Iterator[Metric]:
     for name, attribute, documentation in _MEDIA_COUNTERS:
         yield CounterMetricFamily(name, documentation, value=getattr(media, attribute))
+
+
+def fetch_families(fetch: FetchStats) -> Iterator[Metric]:
     fetches = CounterMetricFamily(
         "mmgate_image_fetches_total",
         "Image URLs asked for, by outcome: miss (fetched), coalesced (joined a fetch in "
@@ -88,4 +91,4 @@ def media_families(media: MediaStats, fetch: FetchStats) -> Iterator[Metric]:
     )
 
 
-__all__ = ["FETCH_BUCKETS", "FetchStats", "media_families"]
+__all__ = ["FETCH_BUCKETS", "FetchStats", "fetch_families", "media_families"]

@@ -189,6 +189,13 @@ def cache_level_families(e: EngineStats, counts: Mapping[LookupKey, int]) -> Ite
     )
 
 
+def _by_label(name: str, documentation: str, label: str, counts: Mapping[str, int]) -> Metric:
+    family = CounterMetricFamily(name, documentation, labels=[label])
+    for value, count in counts.items():
+        family.add_metric([value], count)
+    return family
+
+
 def lookup_families(counts: Mapping[LookupKey, int]) -> Iterator[Metric]:
     lookups = CounterMetricFamily(
         "mmgate_actor_lookups_total",
@@ -211,22 +218,18 @@ def actor_families(c: CacheStats, mailbox_capacity: int) -> Iterator[Metric]:
     )
     for name, field, documentation in _ACTOR_COUNTERS:
         yield CounterMetricFamily(name, documentation, value=getattr(c, field))
-    loads = CounterMetricFamily(
+    yield _by_label(
         "mmgate_actor_loads_total",
         "Flights finished, by result (success or failure).",
-        labels=["result"],
+        "result",
+        {"success": c.load_successes, "failure": c.load_failures},
     )
-    loads.add_metric(["success"], c.load_successes)
-    loads.add_metric(["failure"], c.load_failures)
-    yield loads
-    tier_errors = CounterMetricFamily(
+    yield _by_label(
         "mmgate_actor_tier_errors_total",
         "Second-tier (Redis) errors by operation; the lookup went on without the tier.",
-        labels=["op"],
+        "op",
+        {"read": c.tier_errors, "write": c.tier_write_errors},
     )
-    tier_errors.add_metric(["read"], c.tier_errors)
-    tier_errors.add_metric(["write"], c.tier_write_errors)
-    yield tier_errors
     yield CounterMetricFamily(
         "mmgate_actor_tier_write_drops_total",
         "Second-tier writes dropped: the write queue was full.",

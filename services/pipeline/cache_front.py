@@ -44,10 +44,12 @@ from cache_actor import (
     TenantStats,
     TierUse,
     Watcher,
+    WatchFilter,
+    WatchStats,
 )
 
 from ..config import Settings
-from ..observability.degraded_metrics import DegradedStats, WatchStats, degraded_families
+from ..observability.degraded_metrics import DegradedStats, degraded_families
 from ..observability.lookups import Observers, stage_label
 from ..observability.metric_families import actor_families
 from ..observability.spans import span
@@ -205,10 +207,8 @@ class CacheFront:
         return DegradedStats(self.degraded is not None, self.replacements, dict(self.bypassed))
 
     def watch_figures(self) -> WatchStats:
-        journal = self.journal
-        if journal is None:
-            return WatchStats()
-        return WatchStats(len(journal.watchers), journal.sent, journal.gaps)
+        """The journal's own counts of its watchers (none without a journal)."""
+        return WatchStats() if self.journal is None else self.journal.figures()
 
     # ── lookups ─────────────────────────────────────────────────────────────────────────────
 
@@ -334,6 +334,11 @@ class CacheFront:
             key, tenant=tenant, timeout=timeout, stage=stage, local=local
         )
 
+    async def forget_copy(self, tenant: str, key: str) -> None:
+        """Another replica invalidated a key: drop this replica's memory copy (the second tier's
+        listener calls it)."""
+        await self.invalidate(key, tenant=tenant, local=True)
+
     async def inspect(
         self, key: str, *, tenant: str = "default", timeout: float = 5.0
     ) -> EntryInfo:
@@ -358,13 +363,13 @@ class CacheFront:
         return self.actor.tenant_stats(tenant)
 
     async def watch(
-        self, tenants: frozenset[str] | None, since: int, capacity: int
+        self, watching: WatchFilter, since: int, capacity: int
     ) -> tuple[Watcher, list[CacheEvent]]:
         if not self.actor.alive:
             self.found_dead()  # replaced now, if it may be: a fresh actor is watched
         if self.stalled:  # it would not answer: the caller is told so now (UNAVAILABLE)
             raise CacheActorDead("the cache actor is not answering")
-        return await self.actor.watch(tenants, since, capacity)
+        return await self.actor.watch(watching, since, capacity)
 
     def inject_fault(self, kind: Literal["crash", "stall"], seconds: float = 0.0) -> None:
         self.actor.inject_fault(kind, seconds)

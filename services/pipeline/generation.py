@@ -33,7 +33,7 @@ from prometheus_client.core import Metric
 from ..config import Settings
 from ..engine.protocol import Engine
 from ..errors import EngineUnavailable, InvalidRequest
-from ..observability.media_metrics import FetchStats, media_families
+from ..observability.media_metrics import media_families
 from ..observability.metric_families import info_families
 from ..observability.queue_metrics import QueueStats, queue_families
 from ..types import (
@@ -54,7 +54,7 @@ from .compiles import CompileGate
 from .media import MediaStage
 from .prompts import PromptStage
 from .queue import EngineQueue
-from .request import Request
+from .request import MediaCall, Request
 from .responses import SharedResponses
 from .runner import EngineRunner, QueueWait
 from .tenancy import Isolation
@@ -146,9 +146,8 @@ class Pipeline:
         image_reports: tuple[ImageReport, ...] = ()
         if checked.images:
             isolation = self.isolation
-            prepared = await media.prepare(
-                checked.images, isolation.media_tenant(request.tenant), request.deadline
-            )
+            call = MediaCall(isolation.media_tenant(request.tenant), request.deadline)
+            prepared = await media.prepare(checked.images, call)
             images, image_reports = prepared.engine, prepared.reports
             if images is not None:
                 # vLLM's processor and encoder caches key on these: salted as the prefix cache
@@ -215,12 +214,15 @@ class Pipeline:
             priority=request.priority,
         )
 
+    def collect(self) -> Iterator[Metric]:
+        """The model and media mode, the queue's and the media stage's figures (metrics.py)."""
+        yield from info_families(self.engine.model_name, self.media.mode)
+        yield from queue_families(self.queue.stats())
+        yield from media_families(dataclasses.replace(self.media.stats))
+
     async def close(self) -> None:
-        """Cancel shared-response producers still running, close the image URLs' connections
-        (shutdown)."""
+        """Cancel shared-response producers still running (shutdown)."""
         await self.responses.close()
-        if self.media.fetcher is not None:
-            await self.media.fetcher.aclose()
 
 
 @final
@@ -285,25 +287,15 @@ class PipelineRef:
         """The media stage's counts; none before the engine has started."""
         return self.current.media.stats if self.current is not None else MediaStats()
 
-    @property
-    def fetch_stats(self) -> FetchStats:
-        """Images by URL: what was fetched, coalesced, refused; none before the engine has
-        started (and none for a text model)."""
-        fetcher = self.current.media.fetcher if self.current is not None else None
-        return fetcher.stats.copy() if fetcher is not None else FetchStats()
-
-    @property
-    def queue_stats(self) -> QueueStats:
-        """The engine queue's figures; none before the engine has started."""
-        return self.current.queue.stats() if self.current is not None else QueueStats()
-
     def collect(self) -> Iterator[Metric]:
-        """The model and media mode, the queue's, the media stage's and the URL fetcher's
-        figures (metrics.py): each family from the start, empty until the engine has started."""
-        model = self.current.engine.model_name if self.current is not None else ""
-        yield from info_families(model, self.media_mode)
-        yield from queue_families(self.queue_stats)
-        yield from media_families(dataclasses.replace(self.media_stats), self.fetch_stats)
+        """The pipeline's families (metrics.py), each there from the start: empty until the
+        engine has started."""
+        if self.current is not None:
+            yield from self.current.collect()
+            return
+        yield from info_families("", self.media_mode)
+        yield from queue_families(QueueStats())
+        yield from media_families(MediaStats())
 
 
 __all__ = ["Pipeline", "PipelineRef", "Tally"]

@@ -2,7 +2,8 @@
 
 api: validate ─▶ Pipeline.request: Request(checked, tenant, deadline, trace headers, cache salt,
      adapter)
-     ─▶ prompt stage, media stage, shared responses: each appends its LookupReport
+     ─▶ prompt stage, media stage (a MediaCall: the tenant's namespace of images, the deadline),
+        shared responses: each appends its LookupReport
      ─▶ request.engine_request(prompt, sampling, images): the one way an engine run is made
      ─▶ Finished (the reports with it)
 """
@@ -37,6 +38,20 @@ def seconds_left(deadline: float) -> float:
 def loop_deadline(deadline: float) -> float:
     """A ``time.monotonic()`` deadline on the running loop's clock (for asyncio.timeout_at)."""
     return asyncio.get_running_loop().time() + seconds_left(deadline)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class MediaCall:
+    """A request's (or a prefetch's) image work: the namespace its images are cached in, which is
+    not always its tenant (tenancy.py), and the deadline that bounds every wait of it."""
+
+    tenant: str
+    # time.monotonic()
+    deadline: float
+
+    def left(self) -> float:
+        return seconds_left(self.deadline)
 
 
 @final
@@ -107,6 +122,7 @@ class Request:
 
 
 __all__ = [
+    "MediaCall",
     "Request",
     "loop_deadline",
     "seconds_left",

@@ -26,7 +26,7 @@ import time
 from collections.abc import AsyncGenerator
 from typing import final
 
-from cache_actor import Outcome, Stage
+from cache_actor import Lookup, Outcome, Stage
 
 from ..errors import EngineUnavailable
 from ..keys import cache_key
@@ -193,25 +193,22 @@ class SharedResponses:
             producer.add_done_callback(self._producers.discard)
             return recording
 
-        started = time.perf_counter()
-        lookup = await self.cache.get(
-            key,
-            start_recording,
-            tenant=tenant,
-            timeout=request.left(),
-            tier=Stage.RESPONSE.tier_use,
-        )
-        recording = lookup.value
-        if recording.abandoned:
-            # its run is being aborted (its listeners all left): not one to join
-            await self.cache.invalidate(key, tenant=tenant, local=True)
-            lookup = await self.cache.get(
+        async def look_up() -> Lookup[ResponseRecording]:
+            return await self.cache.get(
                 key,
                 start_recording,
                 tenant=tenant,
                 timeout=request.left(),
                 tier=Stage.RESPONSE.tier_use,
             )
+
+        started = time.perf_counter()
+        lookup = await look_up()
+        recording = lookup.value
+        if recording.abandoned:
+            # its run is being aborted (its listeners all left): not one to join
+            await self.cache.invalidate(key, tenant=tenant, local=True)
+            lookup = await look_up()
             recording = lookup.value
         # a stored recording still being generated: this request joins that run
         joined = lookup.outcome is Outcome.HIT and not recording.done

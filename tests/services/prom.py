@@ -14,12 +14,12 @@ from pathlib import Path
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from cache_actor import CacheStats
+from cache_actor import CacheStats, WatchStats
 from services.config import Settings
 from services.engine.worker import EngineWorker
 from services.observability.adapter_metrics import adapter_families
-from services.observability.degraded_metrics import DegradedStats, WatchStats, degraded_families
-from services.observability.media_metrics import FetchStats, media_families
+from services.observability.degraded_metrics import DegradedStats, degraded_families
+from services.observability.media_metrics import FetchStats, fetch_families, media_families
 from services.observability.metric_families import (
     actor_families,
     admission_families,
@@ -209,5 +209,6 @@ def service_families(
         *auth_families({}),
         *info_families(model, media_mode),
         *queue_families(QueueStats()),
-        *media_families(media or MediaStats(), FetchStats()),
+        *media_families(media or MediaStats()),
+        *fetch_families(FetchStats()),
     ]

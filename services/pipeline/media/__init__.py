@@ -1,7 +1,10 @@
-"""Images: the codec (bytes to pixels), one stage class per media mode (stages.py), and the plan
-they are built from, read from the model before the engine starts (plan.py)."""
+"""Images: the codec (bytes to pixels), one stage class per media mode (stages.py) on one
+context per server (context.py), images by URL (fetch.py), and the plan they are built from,
+read from the model before the engine starts (plan.py)."""
 
-from .codec import FORMATS, DecodedImage, decode, sniff
+from .codec import FORMATS, DecodedImage, decode, limit_pixels, sniff
+from .context import MediaContext
+from .fetch import ImageFetcher
 from .plan import MediaPlan, plan_media
 from .stages import (
     Embedding,
@@ -18,12 +21,15 @@ __all__ = [
     "DecodedImage",
     "Embedding",
     "EmbeddingsStage",
+    "ImageFetcher",
+    "MediaContext",
     "MediaPlan",
     "MediaStage",
     "NoImages",
     "PixelsStage",
     "PreparedImages",
     "decode",
+    "limit_pixels",
     "media_stage",
     "plan_media",
     "sniff",

@@ -28,6 +28,13 @@ _OBJECT_REPR: Final = re.compile(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>")
 _BOMB_PIXELS: Final = re.compile(r"\((\d+) pixels\)")
 
 
+def limit_pixels(max_pixels: int) -> None:
+    """Pillow's own bomb check, process-wide: it warns beyond ``max_pixels`` and refuses beyond
+    twice that, as it reads a header (``decode`` answers both in mmgate's words). Set once, as
+    the server starts."""
+    Image.MAX_IMAGE_PIXELS = max_pixels
+
+
 def sniff(data: bytes) -> str | None:
     """The mime type the bytes start like, among the supported ones."""
     if data.startswith(b"\x89PNG\r\n\x1a\n"):
@@ -48,7 +55,7 @@ def decode(data: bytes, mime_type: str, *, max_pixels: int, min_side: int) -> Im
         raise ImageRejected(f"mime_type says {mime_type}, the bytes are {sniffed}")
     try:
         # Image.open reads the header only; Pillow's own bomb check runs there, against
-        # Image.MAX_IMAGE_PIXELS (set by the media stage), and decoding waits for load()
+        # Image.MAX_IMAGE_PIXELS (limit_pixels), and decoding waits for load()
         with Image.open(io.BytesIO(data), formats=[FORMATS[sniffed]]) as image:
             width, height = image.size
             if width * height > max_pixels:
@@ -90,4 +97,4 @@ class DecodedImage:
         return width * height * 3
 
 
-__all__ = ["FORMATS", "DecodedImage", "decode", "sniff"]
+__all__ = ["FORMATS", "DecodedImage", "decode", "limit_pixels", "sniff"]

@@ -27,22 +27,23 @@ import ipaddress
 import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Final, final
 from urllib.parse import urljoin, urlsplit
 
 import httpx
+from prometheus_client.core import Metric
 
 from cache_actor import ComputeTimeout, Outcome, Stage
 
 from ...config import MediaSettings
 from ...errors import ImageFetchFailed, UrlNotAllowed
 from ...keys import cache_key
-from ...observability.media_metrics import FetchStats
+from ...observability.media_metrics import FetchStats, fetch_families
 from ...observability.spans import span
 from ...wire import MIME_TYPES
 from ..cache_front import CacheFront, outcome_of
-from ..request import seconds_left
+from ..request import MediaCall
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 # host, port -> the addresses the host resolves to, in the resolver's order
@@ -140,10 +141,10 @@ class ImageFetcher:
         """Drop a URL's fetched bytes (they were no image): the next request fetches again."""
         await self.cache.invalidate(_key(url), tenant=tenant, local=True)
 
-    async def fetch(self, index: int, url: str, tenant: str, deadline: float) -> Fetched:
-        """The URL's bytes: from a fetch shared by this tenant's concurrent requests, or one
-        made in the last url_fresh_seconds (``deadline``: on time.monotonic()'s clock)."""
-        key = _key(url)
+    async def fetch(self, index: int, url: str, call: MediaCall) -> Fetched:
+        """The URL's bytes: from a fetch shared by the call's tenant's concurrent requests, or one
+        made in the last url_fresh_seconds; waited for until the call's deadline."""
+        key, tenant = _key(url), call.tenant
         for _ in range(2):
             try:
                 lookup = await self.cache.get(
@@ -152,7 +153,7 @@ class ImageFetcher:
                     # wait longer; the waiters' deadlines bound it (see the module's doc)
                     lambda: self._fetch(index, url),
                     tenant=tenant,
-                    timeout=max(seconds_left(deadline), 0.001),
+                    timeout=max(call.left(), 0.001),
                     tier=Stage.FETCH.tier_use,
                     cancel_when_orphaned=True,
                 )
@@ -243,6 +244,10 @@ class ImageFetcher:
                     index, kind, f"could not fetch from {host}: {_what(error)}"
                 ) from None
         raise UrlNotAllowed(index, "redirects", f"more than {settings.url_max_redirects} redirects")
+
+    def collect(self) -> Iterator[Metric]:
+        """Images by URL: fetched, coalesced, refused... (metrics.py)."""
+        return fetch_families(self.stats.copy())
 
     def _request(self, index: int, hop: int, pinned: str, netloc: str, host: str) -> httpx.Request:
         settings = self.settings

@@ -5,7 +5,7 @@ the media stage built from it once the engine has.
         │                     loads the encoder on the engine's device, measures what it needs)
         ─▶ MediaPlan(encoder, placeholder tokens, shrink, the engine's share of its device)
         ─▶ plan.intake(): the images the engine's plan takes ─▶ the engine starts
-        ─▶ plan.stage(...): the MediaStage
+        ─▶ plan.stage(engine, the server's parts): the MediaContext, and the MediaStage on it
 
 mode ``pixels`` never loads the encoder; ``embeddings`` must (or the server does not start);
 ``auto`` runs it where mmgate reproduces it (the LLaVA family) and it is slow enough for its
@@ -29,6 +29,8 @@ from ...models import image_tokens, model_config
 from ..cache_front import CacheFront
 from ..chaos import NoChaos
 from ..threads import ThreadPools
+from .context import MediaContext
+from .fetch import ImageFetcher
 from .stages import MediaStage, media_stage
 
 if TYPE_CHECKING:
@@ -62,20 +64,28 @@ class MediaPlan:
         return ImageIntake(self.settings.max_images_per_request, self.encoder is not None)
 
     def stage(
-        self, cache: CacheFront, engine: ServedEngine, *, threads: ThreadPools, chaos: NoChaos
+        self,
+        cache: CacheFront,
+        engine: ServedEngine,
+        *,
+        threads: ThreadPools,
+        chaos: NoChaos,
+        fetcher: ImageFetcher,
     ) -> MediaStage:
-        """The media stage for the started engine: chosen once, never tested for again."""
-        return media_stage(
+        """The media stage for the started engine, on the server's parts: chosen once, never
+        tested for again."""
+        context = MediaContext(
             self.settings,
             cache,
             engine.model_name,
-            takes_images=engine.takes_images,
+            threads,
+            fetcher,
+            self.placeholder_tokens,
             encoder=self.encoder,
-            placeholder_tokens=self.placeholder_tokens,
-            threads=threads,
             shrink=self.shrink,
             chaos=chaos,
         )
+        return media_stage(context, takes_images=engine.takes_images)
 
 
 def plan_media(

@@ -11,8 +11,8 @@
                                                                    ▼
     EngineImages(form, items, uuids = digests) ──▶ engine: multi_modal_data + multi_modal_uuids
 
-One variant per media mode, chosen once when the engine has started (:func:`media_stage`, from
-the plan in plan.py):
+One variant per media mode, chosen once when the engine has started (:func:`media_stage`, on the
+server's MediaContext, which the plan in plan.py makes):
 
     NoImages          a text model: images are refused (FAILED_PRECONDITION)
     PixelsStage       decoded images cached; the engine encodes them
@@ -30,15 +30,14 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Final, final
+from typing import Any, ClassVar, Final, final
 
 from PIL import Image
 
 from cache_actor import Lookup, Stage
 
-from ...config import MediaSettings
 from ...engine.tensors import tensor_nbytes
 from ...errors import (
     ImageNotHeld,
@@ -51,21 +50,11 @@ from ...keys import cache_key
 from ...observability.spans import span
 from ...types import EngineImages, ImageInput, ImageReport, MediaForm, MediaStats
 from ...wire import digest_of
-from ..cache_front import CacheFront, outcome_of
-from ..chaos import NoChaos
-from ..request import seconds_left
-from ..threads import ThreadPools
+from ..cache_front import outcome_of
+from ..request import MediaCall
 from .batching import EncodeBatcher
 from .codec import DecodedImage, decode
-from .fetch import ImageFetcher
-
-if TYPE_CHECKING:
-    from ...engine.encoder import VisionEncoder
-
-# An image as the model's processor will resize it (services/engine/shrink.py), handed in by
-# the server; None: stored as decoded.
-Shrink = Callable[[Image.Image], Image.Image]
-
+from .context import MediaContext, Shrink
 
 log = logging.getLogger("mmgate.media")
 
@@ -99,8 +88,6 @@ class MediaStage:
     description: ClassVar[str]
     takes_images: ClassVar[bool] = True
 
-    fetcher: ImageFetcher | None = None  # images by URL, where the model takes images
-
     def __init__(self) -> None:
         self.stats = MediaStats()
 
@@ -112,15 +99,13 @@ class MediaStage:
     def refuse(self) -> None:
         """Raise why images cannot be served here; nothing when they can."""
 
-    async def prepare(
-        self, images: Sequence[ImageInput], tenant: str, deadline: float
-    ) -> PreparedImages:
-        """All of a request's images, concurrently, by ``deadline`` (``time.monotonic()``); the
-        first failure (by index) is raised."""
+    async def prepare(self, images: Sequence[ImageInput], call: MediaCall) -> PreparedImages:
+        """All of a request's images, concurrently, in the call's tenant's namespace and by its
+        deadline; the first failure (by index) is raised."""
         self.refuse()
         raise NotImplementedError
 
-    async def prefetch(self, image: ImageInput, tenant: str, deadline: float) -> ImageReport:
+    async def prefetch(self, image: ImageInput, call: MediaCall) -> ImageReport:
         """One image through its stages, for requests that will refer to it by digest."""
         self.refuse()
         raise NotImplementedError
@@ -156,41 +141,19 @@ class PixelsStage(MediaStage):
     description = "mmgate caches decoded images; the engine encodes them"
     form: ClassVar[MediaForm] = "pixels"
 
-    def __init__(
-        self,
-        settings: MediaSettings,
-        cache: CacheFront,
-        model_name: str,
-        *,
-        placeholder_tokens: int,
-        threads: ThreadPools,
-        shrink: Shrink | None = None,
-        chaos: NoChaos | None = None,
-    ) -> None:
+    def __init__(self, context: MediaContext) -> None:
         super().__init__()
-        self.settings = settings
-        self.cache = cache
-        self.model_name = model_name
-        self.threads = threads
-        self.chaos = chaos if chaos is not None else NoChaos()
-        # what the cache stores of a decoded image: the processor's size, where exact
-        self.shrink = shrink
-        self.fetcher: ImageFetcher = ImageFetcher(settings, cache)
-        self._placeholder_tokens = placeholder_tokens
-        # Pillow's bomb check: warn beyond this, refuse beyond twice this (process-wide)
-        Image.MAX_IMAGE_PIXELS = settings.max_image_pixels
+        self.context = context
 
     @property
     def placeholder_tokens(self) -> int:
-        return self._placeholder_tokens
+        return self.context.placeholder_tokens
 
     def stage_keys(self, digest: str) -> dict[Stage, str]:
-        return {Stage.IMAGE: _image_key(self.model_name, digest)}
+        return {Stage.IMAGE: _image_key(self.context.model_name, digest)}
 
-    async def prepare(
-        self, images: Sequence[ImageInput], tenant: str, deadline: float
-    ) -> PreparedImages:
-        tasks = [asyncio.ensure_future(self._image(image, tenant, deadline)) for image in images]
+    async def prepare(self, images: Sequence[ImageInput], call: MediaCall) -> PreparedImages:
+        tasks = [asyncio.ensure_future(self._image(image, call)) for image in images]
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         finally:
@@ -213,44 +176,41 @@ class PixelsStage(MediaStage):
             reports=tuple(report for _, report in results),
         )
 
-    async def prefetch(self, image: ImageInput, tenant: str, deadline: float) -> ImageReport:
-        _, report = await self._image(image, tenant, deadline)
+    async def prefetch(self, image: ImageInput, call: MediaCall) -> ImageReport:
+        _, report = await self._image(image, call)
         return report
 
-    async def _image(
-        self, image: ImageInput, tenant: str, deadline: float
-    ) -> tuple[Any, ImageReport]:
+    async def _image(self, image: ImageInput, call: MediaCall) -> tuple[Any, ImageReport]:
         """One image through its stages: (what the engine takes, where it came from)."""
         if image.url:
-            fetched = await self.fetcher.fetch(image.index, image.url, tenant, deadline)
+            fetcher = self.context.fetcher
+            fetched = await fetcher.fetch(image.index, image.url, call)
             try:
                 return await self._image(
-                    ImageInput(image.index, fetched.data, mime_type=image.mime_type),
-                    tenant,
-                    deadline,
+                    ImageInput(image.index, fetched.data, mime_type=image.mime_type), call
                 )
             except InvalidRequest:
                 # bytes that are no image are not kept for the URL either
-                await self.fetcher.forget(image.url, tenant)
+                await fetcher.forget(image.url, call.tenant)
                 raise
         data = image.data
         if data is None:
             source = image
         else:
             digest = (
-                await self.threads.run("hash", digest_of, data)
+                await self.context.threads.run("hash", digest_of, data)
                 if len(data) > _HASH_IN_THREAD_BYTES
                 else digest_of(data)
             )
             source = ImageInput(image.index, data, digest, image.mime_type)
         try:
-            lookup = await self._lookup(source, tenant, deadline)
+            lookup = await self._lookup(source, call)
         except ImageNotHeld:
             if data is None:
                 self.stats.not_held += 1
                 raise
             # a reference-only request started the flight this one joined: try with the bytes
-            lookup = await self._lookup(source, tenant, deadline)
+            lookup = await self._lookup(source, call)
         report = ImageReport(
             digest=source.digest,
             outcome=outcome_of(lookup)[0],
@@ -263,28 +223,27 @@ class PixelsStage(MediaStage):
         assert isinstance(value, DecodedImage)
         return value.image
 
-    async def _lookup(self, source: ImageInput, tenant: str, deadline: float) -> Lookup[Any]:
-        return await self._decoded(source, tenant, deadline)
+    async def _lookup(self, source: ImageInput, call: MediaCall) -> Lookup[Any]:
+        return await self._decoded(source, call)
 
-    async def _decoded(
-        self, source: ImageInput, tenant: str, deadline: float
-    ) -> Lookup[DecodedImage]:
-        settings = self.settings
+    async def _decoded(self, source: ImageInput, call: MediaCall) -> Lookup[DecodedImage]:
+        context = self.context
+        settings = context.settings
 
         async def load() -> DecodedImage:
             if source.data is None:
                 raise ImageNotHeld(source.digest, source.index)
-            await self.chaos.inject("decode", tenant)
+            await context.chaos.inject("decode", call.tenant)
             started = time.perf_counter()
             try:
                 with span("media.decode", {"mmgate.image.bytes": len(source.data)}):
-                    image = await self.threads.run(
+                    image = await context.threads.run(
                         "decode",
                         functools.partial(
                             _decode,
                             max_pixels=settings.max_image_pixels,
                             min_side=settings.min_image_side,
-                            shrink=self.shrink,
+                            shrink=context.shrink,
                         ),
                         source.data,
                         source.mime_type,
@@ -296,11 +255,11 @@ class PixelsStage(MediaStage):
             self.stats.decode_seconds += time.perf_counter() - started
             return DecodedImage(image, source.digest)
 
-        return await self.cache.get(
-            _image_key(self.model_name, source.digest),
+        return await context.cache.get(
+            _image_key(context.model_name, source.digest),
             load,
-            tenant=tenant,
-            timeout=seconds_left(deadline),
+            tenant=call.tenant,
+            timeout=call.left(),
             tier=Stage.IMAGE.tier_use,
             label=source.digest,
         )
@@ -314,39 +273,28 @@ class EmbeddingsStage(PixelsStage):
     description = "mmgate runs the vision encoder and caches its output"
     form: ClassVar[MediaForm] = "embeddings"
 
-    def __init__(
-        self,
-        settings: MediaSettings,
-        cache: CacheFront,
-        model_name: str,
-        encoder: VisionEncoder,
-        *,
-        threads: ThreadPools,
-        shrink: Shrink | None = None,
-        chaos: NoChaos | None = None,
-    ) -> None:
-        super().__init__(
-            settings,
-            cache,
-            model_name,
-            placeholder_tokens=encoder.image_tokens,
-            threads=threads,
-            shrink=shrink,
-            chaos=chaos,
-        )
-        self.encoder = encoder
+    def __init__(self, context: MediaContext) -> None:
+        super().__init__(context)
+        if context.encoder is None:
+            raise ValueError("the embeddings stage runs the plan's vision encoder: it has none")
+        self.encoder = context.encoder
+        settings = context.settings
         self.batcher = EncodeBatcher(
-            encoder.encode,
-            threads,
+            self.encoder.encode,
+            context.threads,
             max_batch=settings.encode_batch,
             window_seconds=settings.encode_window_ms / 1000,
             stats=self.stats,
         )
 
+    @property
+    def placeholder_tokens(self) -> int:
+        return self.encoder.image_tokens
+
     def embedding_key(self, digest: str) -> str:
         # the model's name stands for its tower, feature layer and projector; dtype is ours
         settings = {"dtype": str(self.encoder.dtype), "tokens": self.encoder.image_tokens}
-        return cache_key(self.model_name, Stage.EMBEDDING, {"digest": digest, **settings})
+        return cache_key(self.context.model_name, Stage.EMBEDDING, {"digest": digest, **settings})
 
     def stage_keys(self, digest: str) -> dict[Stage, str]:
         return {**super().stage_keys(digest), Stage.EMBEDDING: self.embedding_key(digest)}
@@ -355,12 +303,12 @@ class EmbeddingsStage(PixelsStage):
         assert isinstance(value, Embedding)
         return value.tensor
 
-    async def _lookup(self, source: ImageInput, tenant: str, deadline: float) -> Lookup[Any]:
+    async def _lookup(self, source: ImageInput, call: MediaCall) -> Lookup[Any]:
         encoder = self.encoder
 
         async def encode() -> Embedding:
-            decoded = (await self._decoded(source, tenant, deadline)).value
-            await self.chaos.inject("encode", tenant)
+            decoded = (await self._decoded(source, call)).value
+            await self.context.chaos.inject("encode", call.tenant)
             started = time.perf_counter()
             with span("media.encode", {"mmgate.image.tokens": encoder.image_tokens}) as traced:
                 tensor, batch = await self.batcher.encode(decoded.image)
@@ -370,44 +318,23 @@ class EmbeddingsStage(PixelsStage):
             self.stats.encode_seconds += time.perf_counter() - started
             return Embedding(tensor)
 
-        return await self.cache.get(
+        return await self.context.cache.get(
             self.embedding_key(source.digest),
             encode,
-            tenant=tenant,
-            timeout=seconds_left(deadline),
+            tenant=call.tenant,
+            timeout=call.left(),
             tier=Stage.EMBEDDING.tier_use,
             label=source.digest,
         )
 
 
-def media_stage(
-    settings: MediaSettings,
-    cache: CacheFront,
-    model_name: str,
-    *,
-    takes_images: bool,
-    encoder: VisionEncoder | None,
-    placeholder_tokens: int,
-    threads: ThreadPools,
-    shrink: Shrink | None = None,
-    chaos: NoChaos | None = None,
-) -> MediaStage:
+def media_stage(context: MediaContext, *, takes_images: bool) -> MediaStage:
     """The variant for a started engine: chosen once, never tested for again."""
     if not takes_images:
-        return NoImages(model_name)
-    if encoder is not None:
-        return EmbeddingsStage(
-            settings, cache, model_name, encoder, threads=threads, shrink=shrink, chaos=chaos
-        )
-    return PixelsStage(
-        settings,
-        cache,
-        model_name,
-        placeholder_tokens=placeholder_tokens,
-        threads=threads,
-        shrink=shrink,
-        chaos=chaos,
-    )
+        return NoImages(context.model_name)
+    if context.encoder is not None:
+        return EmbeddingsStage(context)
+    return PixelsStage(context)
 
 
 def _decode(

@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from cache_actor import CacheActor, CacheConfig, InMemoryTier, Journal, Stage
+from cache_actor import CacheActor, CacheConfig, InMemoryTier, Journal, Stage, WatchFilter
 from services.config import Settings
 from services.observability import spans
 from services.observability.lookups import Observers
@@ -41,7 +41,7 @@ async def test_the_stage_named_once_reaches_metrics_spans_the_tier_and_watchers(
     hooks = Observers([metrics.lookup_hook, LookupSpans(provider.get_tracer("test"))])
     tier = InMemoryTier()
     async with CacheActor(CacheConfig(), tier=tier, hook=hooks, journal=Journal()) as cache:
-        watcher, _ = await cache.watch(None, 0, 16)
+        watcher, _ = await cache.watch(WatchFilter(tenants=None), 0, 16)
         await cache.get("enc", value, tenant="t", tier=Stage.EMBEDDING.tier_use)
         await until(lambda: tier.sets == 1)
         [admitted] = await asyncio.wait_for(watcher.next(), 5)

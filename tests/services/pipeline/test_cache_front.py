@@ -22,6 +22,7 @@ from cache_actor import (
     ComputeTimeout,
     Journal,
     Outcome,
+    WatchFilter,
 )
 from services.pipeline.cache_front import (
     MAX_REPLACEMENTS,
@@ -33,6 +34,8 @@ from services.pipeline.cache_front import (
 from tests.support import Clock, Gate
 
 pytestmark = pytest.mark.asyncio
+
+EVERY = WatchFilter(tenants=None)  # a watcher of every tenant's events
 
 
 def front(on_failure: str = "compute", clock: Clock | None = None) -> CacheFront:
@@ -231,11 +234,11 @@ async def test_a_replaced_actor_gaps_every_watcher() -> None:
     cache = CacheFront(lambda: CacheActor(journal=journal), journal=journal)
     cache.start()
     await cache.get("k", value)
-    watcher, first = await cache.watch(None, 0, capacity=10)
+    watcher, first = await cache.watch(EVERY, 0, capacity=10)
     assert [e.kind for e in first] == ["held"]
     cache.actor.inject_fault("crash")
     await asyncio.sleep(0)
-    _, fresh = await cache.watch(None, first[0].sequence, capacity=10)  # replaced on the way
+    _, fresh = await cache.watch(EVERY, first[0].sequence, capacity=10)  # replaced on the way
     assert cache.replacements == 1
     (gap,) = await watcher.next()
     assert gap.kind == "gap"
@@ -249,8 +252,8 @@ async def test_a_stalled_actor_is_not_watched() -> None:
     cache.start()
     cache.found_stalled()
     with pytest.raises(CacheActorDead, match="not answering"):
-        await cache.watch(None, 0, capacity=10)
+        await cache.watch(EVERY, 0, capacity=10)
     cache.found_answering()
-    watcher, _ = await cache.watch(None, 0, capacity=10)
+    watcher, _ = await cache.watch(EVERY, 0, capacity=10)
     watcher.close()
     await cache.aclose()

@@ -20,6 +20,7 @@ from services.config import MediaSettings
 from services.errors import ImageFetchFailed
 from services.pipeline.cache_front import CacheFront
 from services.pipeline.media.fetch import Fetched, ImageFetcher, refused_kind
+from services.pipeline.request import MediaCall
 from tests.support import until
 
 
@@ -78,10 +79,8 @@ async def test_in_degraded_mode_each_request_fetches_for_itself() -> None:
         return Fetched(b"bytes", "image/png", time.monotonic())
 
     fetcher._fetch = fetch_once  # type: ignore[method-assign]
-    deadline = time.monotonic() + 5
-    await asyncio.gather(
-        *(fetcher.fetch(0, "https://a.test/x.png", "t", deadline) for _ in range(3))
-    )
+    call = MediaCall("t", time.monotonic() + 5)
+    await asyncio.gather(*(fetcher.fetch(0, "https://a.test/x.png", call) for _ in range(3)))
     assert len(urls) == 3  # uncoalesced, unstored
     assert fetcher.stats.outcomes == {"bypass": 3}
     await fetcher.aclose()
@@ -98,9 +97,9 @@ async def test_bytes_older_than_the_freshness_window_are_fetched_anew() -> None:
         return Fetched(b"bytes", "image/png", next(stamps))
 
     fetcher._fetch = fetch_once  # type: ignore[method-assign]
-    deadline = time.monotonic() + 5
-    first = await fetcher.fetch(0, "https://a.test/x.png", "t", deadline)
-    again = await fetcher.fetch(0, "https://a.test/x.png", "t", deadline)
+    call = MediaCall("t", time.monotonic() + 5)
+    first = await fetcher.fetch(0, "https://a.test/x.png", call)
+    again = await fetcher.fetch(0, "https://a.test/x.png", call)
     assert (first.fetched_at, again.fetched_at) == (100.0, 200.0)  # stale: fetched again
     assert fetcher.stats.outcomes == {"miss": 2}
     await fetcher.aclose()
@@ -134,9 +133,9 @@ async def test_a_shared_fetch_lasts_to_its_longest_waiter_not_its_leader() -> No
     fetcher = ImageFetcher(MediaSettings(), cache)
     fetcher._follow = host = Host()  # type: ignore[method-assign]
     url = "https://a.test/x.png"
-    leader = asyncio.ensure_future(fetcher.fetch(0, url, "t", time.monotonic() + 0.2))
+    leader = asyncio.ensure_future(fetcher.fetch(0, url, MediaCall("t", time.monotonic() + 0.2)))
     await host.asked.wait()
-    follower = asyncio.ensure_future(fetcher.fetch(1, url, "t", time.monotonic() + 30))
+    follower = asyncio.ensure_future(fetcher.fetch(1, url, MediaCall("t", time.monotonic() + 30)))
     await until(lambda: cache.stats().waiters == 2)
     await asyncio.wait([leader])  # its deadline passes: it alone leaves
     host.answer.set()  # the host answers only now
@@ -158,8 +157,8 @@ async def test_a_fetch_nobody_waits_for_stops_and_stores_nothing(leaves: str) ->
     fetcher = ImageFetcher(MediaSettings(), cache)
     fetcher._follow = host = Host()  # type: ignore[method-assign]
     url = "https://a.test/x.png"
-    deadline = time.monotonic() + (30 if leaves == "cancelled" else 0.2)
-    callers = [asyncio.ensure_future(fetcher.fetch(0, url, "t", deadline)) for _ in range(2)]
+    call = MediaCall("t", time.monotonic() + (30 if leaves == "cancelled" else 0.2))
+    callers = [asyncio.ensure_future(fetcher.fetch(0, url, call)) for _ in range(2)]
     await until(lambda: cache.stats().waiters == 2)
     await host.asked.wait()
     if leaves == "cancelled":

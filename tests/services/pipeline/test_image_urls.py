@@ -167,7 +167,7 @@ def hosts(
 def server(embeddings_server: MmgateServer) -> MmgateServer:
     stage = embeddings_server.pipelines.get().media
     assert isinstance(stage, EmbeddingsStage)
-    stage.fetcher.resolver = resolve
+    embeddings_server.fetcher.resolver = resolve
     return embeddings_server
 
 
@@ -197,7 +197,7 @@ async def test_sixteen_requests_for_one_url_share_one_fetch(
     url = allowed.url("/shared.png", "images.test")
     stage = server.pipelines.get().media
     assert isinstance(stage, EmbeddingsStage)
-    before = dict(stage.fetcher.stats.outcomes)
+    before = dict(server.fetcher.stats.outcomes)
     calls = [
         asyncio.ensure_future(client.complete_request(ask(url)))  # type: ignore[arg-type]
         for _ in range(16)
@@ -210,7 +210,7 @@ async def test_sixteen_requests_for_one_url_share_one_fetch(
     gate.set()
     answers = await asyncio.gather(*calls)
     assert allowed.hits["/shared.png"] == 1
-    after = stage.fetcher.stats.outcomes
+    after = server.fetcher.stats.outcomes
     assert after["miss"] - before.get("miss", 0) == 1
     assert after["coalesced"] - before.get("coalesced", 0) == 15
     assert len({tuple(a.token_ids) for a in answers}) == 1
@@ -228,7 +228,7 @@ async def test_a_shared_fetch_lasts_to_its_longest_waiter_not_its_leader(
     url = allowed.url("/slow.png", "images.test")
     stage = server.pipelines.get().media
     assert isinstance(stage, EmbeddingsStage)
-    before = dict(stage.fetcher.stats.outcomes)
+    before = dict(server.fetcher.stats.outcomes)
     leader = asyncio.ensure_future(client.complete_request(ask(url), timeout=2.5))  # type: ignore[arg-type]
 
     async def fetching() -> bool:
@@ -248,7 +248,7 @@ async def test_a_shared_fetch_lasts_to_its_longest_waiter_not_its_leader(
     answer = await follower
     assert answer.final.cache.images[0].digest == digest_of(png(3105))
     assert allowed.hits["/slow.png"] == 1
-    after = stage.fetcher.stats.outcomes
+    after = server.fetcher.stats.outcomes
     assert after["miss"] - before.get("miss", 0) == 0  # the leader never got the bytes
     assert after["coalesced"] - before.get("coalesced", 0) == 1
 

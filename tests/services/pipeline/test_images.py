@@ -186,13 +186,7 @@ async def test_a_miss_path_that_looks_the_image_up_again_fails_fast_as_internal(
     media = pipeline.media
     assert isinstance(media, PixelsStage)
     data = png(401)
-    pipeline.media = ReEntering(
-        media.settings,
-        server.cache,
-        media.model_name,
-        placeholder_tokens=16,
-        threads=pipeline.threads,
-    )
+    pipeline.media = ReEntering(media.context)
     try:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await client.complete_request(ask(data), timeout=20.0)

@@ -17,8 +17,9 @@ from services.client import HeldImages, build_request, digest_of
 from services.config import Settings
 from services.errors import ImageNotHeld, ImageRejected, InvalidRequest
 from services.pipeline.cache_front import CacheFront
-from services.pipeline.media import PixelsStage, decode, sniff
+from services.pipeline.media import ImageFetcher, MediaContext, PixelsStage, decode, sniff
 from services.pipeline.prompts import content_parts
+from services.pipeline.request import MediaCall
 from services.pipeline.threads import ThreadPools
 from services.proto.mmgate.v1 import inference_pb2 as pb
 from services.types import ImageInput
@@ -32,9 +33,15 @@ THREADS = ThreadPools(SETTINGS.threads)
 LIMITS = {"max_pixels": SETTINGS.media.max_image_pixels, "min_side": 8}
 
 
-def deadline() -> float:
-    """Thirty seconds from now, on time.monotonic()'s clock (the media stage takes deadlines)."""
-    return time.monotonic() + 30.0
+def call(tenant: str = "default") -> MediaCall:
+    """The tenant's images, due thirty seconds from now on time.monotonic()'s clock."""
+    return MediaCall(tenant, time.monotonic() + 30.0)
+
+
+def context(cache: CacheFront) -> MediaContext:
+    """The tiny model's media state, 16 tokens an image."""
+    fetcher = ImageFetcher(SETTINGS.media, cache)
+    return MediaContext(SETTINGS.media, cache, "tiny", THREADS, fetcher, placeholder_tokens=16)
 
 
 # ── decoding ───────────────────────────────────────────────────────────────────────────────
@@ -193,21 +200,21 @@ def ref(digest: str, index: int = 0) -> ImageInput:
 async def pipeline() -> Any:
     async with CacheActor() as actor:
         cache = CacheFront(lambda: actor)
-        yield PixelsStage(SETTINGS.media, cache, "tiny", placeholder_tokens=16, threads=THREADS)
+        yield PixelsStage(context(cache))
 
 
 async def test_concurrent_requests_decode_once_then_hit(pipeline: PixelsStage) -> None:
     image = data(png(11))
     first, second = await asyncio.gather(
-        pipeline.prepare([image], "default", deadline()),
-        pipeline.prepare([image], "default", deadline()),
+        pipeline.prepare([image], call()),
+        pipeline.prepare([image], call()),
     )
     assert pipeline.stats.decodes == 1
     assert sorted(r.outcome for r in (*first.reports, *second.reports)) == ["coalesced", "miss"]
     assert first.engine.items[0] is second.engine.items[0]
     assert first.engine.uuids == (digest_of(png(11)),)
     assert first.engine.form == "pixels"
-    third = await pipeline.prepare([ref(digest_of(png(11)))], "default", deadline())
+    third = await pipeline.prepare([ref(digest_of(png(11)))], call())
     assert third.reports[0].outcome == "hit"
     assert third.reports[0].tier == "memory"
     assert pipeline.stats.decodes == 1
@@ -215,13 +222,13 @@ async def test_concurrent_requests_decode_once_then_hit(pipeline: PixelsStage) -
 
 async def test_a_reference_is_per_tenant_and_not_found_elsewhere(pipeline: PixelsStage) -> None:
     bytes_ = png(12)
-    await pipeline.prepare([data(bytes_)], "a", deadline())
+    await pipeline.prepare([data(bytes_)], call("a"))
     with pytest.raises(ImageNotHeld) as caught:
-        await pipeline.prepare([data(png(1)), ref(digest_of(bytes_), 1)], "b", deadline())
+        await pipeline.prepare([data(png(1)), ref(digest_of(bytes_), 1)], call("b"))
     assert caught.value.index == 1
     assert pipeline.stats.not_held == 1
     # nothing was stored for the failed reference: the bytes still work for tenant b
-    again = await pipeline.prepare([data(bytes_)], "b", deadline())
+    again = await pipeline.prepare([data(bytes_)], call("b"))
     assert again.reports[0].outcome == "miss"
 
 
@@ -229,8 +236,8 @@ async def test_bytes_that_joined_a_failing_reference_try_again(pipeline: PixelsS
     bytes_ = png(13)
     digest = digest_of(bytes_)
     reference, with_bytes = await asyncio.gather(
-        pipeline.prepare([ref(digest)], "default", deadline()),
-        pipeline.prepare([data(bytes_)], "default", deadline()),
+        pipeline.prepare([ref(digest)], call()),
+        pipeline.prepare([data(bytes_)], call()),
         return_exceptions=True,
     )
     assert isinstance(reference, ImageNotHeld)
@@ -240,7 +247,7 @@ async def test_bytes_that_joined_a_failing_reference_try_again(pipeline: PixelsS
 
 async def test_a_corrupt_image_is_invalid_and_not_cached(pipeline: PixelsStage) -> None:
     with pytest.raises(InvalidRequest) as caught:
-        await pipeline.prepare([data(png(1)), data(corrupt_png(2), 1)], "default", deadline())
+        await pipeline.prepare([data(png(1)), data(corrupt_png(2), 1)], call())
     assert [v.field for v in caught.value.violations] == ["images[1]"]
     assert pipeline.stats.rejected == 1
     # the failure is not stored (the good image's decode, if it was still queued for a thread
@@ -248,26 +255,24 @@ async def test_a_corrupt_image_is_invalid_and_not_cached(pipeline: PixelsStage) 
     corrupt = pipeline.stage_keys(digest_of(corrupt_png(2)))[Stage.IMAGE]
 
     async def settled() -> bool:
-        return pipeline.cache.stats().flights == 0
+        return pipeline.context.cache.stats().flights == 0
 
     await eventually(settled, timeout=10)
-    assert (await pipeline.cache.inspect(corrupt)).state == "absent"
-    assert pipeline.cache.stats().entries <= 1
+    assert (await pipeline.context.cache.inspect(corrupt)).state == "absent"
+    assert pipeline.context.cache.stats().entries <= 1
     # and the corrupt image is refused again, not served from anywhere
     with pytest.raises(InvalidRequest):
-        await pipeline.prepare([data(corrupt_png(2))], "default", deadline())
+        await pipeline.prepare([data(corrupt_png(2))], call())
 
 
 async def test_a_miss_path_that_looks_the_image_up_again_fails_fast() -> None:
     """The ghost-key failure: a miss path that re-enters the cache for its own key."""
     async with CacheActor() as actor:
         cache = CacheFront(lambda: actor)
-        stage_ = ReEntering(SETTINGS.media, cache, "tiny", placeholder_tokens=16, threads=THREADS)
+        stage_ = ReEntering(context(cache))
         bytes_ = png(14)
         with pytest.raises(CacheRecursionError):
-            await asyncio.wait_for(stage_.prepare([data(bytes_)], "default", deadline()), 10)
-        ok = await PixelsStage(
-            SETTINGS.media, cache, "tiny", placeholder_tokens=16, threads=THREADS
-        ).prepare([data(bytes_)], "default", deadline())
+            await asyncio.wait_for(stage_.prepare([data(bytes_)], call()), 10)
+        ok = await PixelsStage(context(cache)).prepare([data(bytes_)], call())
         assert ok.reports[0].outcome == "miss"  # nothing poisoned the key
         assert cache.stats().recursion_rejections == 1

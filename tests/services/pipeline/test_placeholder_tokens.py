@@ -4,6 +4,7 @@ real engine on the tiny LLaVA)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -85,12 +86,12 @@ async def test_a_large_image_is_stored_at_the_processor_size_for_the_same_answer
     request.sampling.ignore_eos = True
     media = server.pipeline.media
     assert isinstance(media, PixelsStage)
-    assert media.shrink is not None  # the tiny LLaVA's CLIP processor: fixed resolution
+    assert media.context.shrink is not None  # the tiny LLaVA's CLIP processor: fixed resolution
     async with MmgateClient(f"127.0.0.1:{server.port}", timeout=60.0) as client:
         shrunk = await client.complete_request(request)
         assert await stage_bytes(client, digest, "image") == 74 * 56 * 3
 
-        shrink, media.shrink = media.shrink, None
+        shrinking, media.context = media.context, dataclasses.replace(media.context, shrink=None)
         try:
             # forget the image everywhere: mmgate's stages and vLLM's own caches
             assert await client.invalidate(digest=digest)
@@ -98,7 +99,7 @@ async def test_a_large_image_is_stored_at_the_processor_size_for_the_same_answer
             whole = await client.complete_request(request)
             assert await stage_bytes(client, digest, "image") == 1200 * 900 * 3
         finally:
-            media.shrink = shrink
+            media.context = shrinking
             await client.invalidate(digest=digest)
     assert len(shrunk.token_ids) == 16
     assert list(shrunk.token_ids) == list(whole.token_ids)
@@ -114,7 +115,7 @@ async def test_one_huge_image_is_served_but_does_not_flush_the_cache(
     assert isinstance(media, PixelsStage)
     assert server.cache.config.max_entry_fraction == 0.05
     small = [png(6700 + i) for i in range(3)]
-    shrink, media.shrink = media.shrink, None
+    shrinking, media.context = media.context, dataclasses.replace(media.context, shrink=None)
     try:
         async with MmgateClient(f"127.0.0.1:{server.port}", timeout=120.0) as client:
             for data in small:
@@ -126,4 +127,4 @@ async def test_one_huge_image_is_served_but_does_not_flush_the_cache(
             for data in small:  # and nobody else's images were evicted for it
                 assert await stage_bytes(client, digest_of(data), "image") > 0
     finally:
-        media.shrink = shrink
+        media.context = shrinking
