@@ -3,7 +3,7 @@
 ``Engine`` is what the pipeline needs to generate; ``ServedEngine`` what the server, its health
 monitor, its metrics and its servicers need besides: start from a plan, stats, adapters, close.
 ``EngineWorker`` (worker.py) is the real one, on vLLM; ``MmgateServer`` takes a factory of them
-(``EngineWorker.from_settings`` unless told otherwise).
+(``vllm_engine`` unless told otherwise).
 """
 
 from __future__ import annotations

@@ -140,8 +140,8 @@ class EngineWorker:
         if s.kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = s.kv_cache_memory_bytes
         if not self._on_cpu():
-            share = plan.device_share
-            kwargs["gpu_memory_utilization"] = share or s.gpu_memory_utilization
+            share = s.gpu_memory_utilization if plan.device_share is None else plan.device_share
+            kwargs["gpu_memory_utilization"] = share
         if plan.images is not None:
             kwargs["limit_mm_per_prompt"] = {"image": plan.images.per_prompt}
             # mmgate's encoder-output cache hands vLLM image embeddings instead of pixels

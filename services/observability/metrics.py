@@ -81,7 +81,7 @@ class LookupMetrics:
     """The LookupHook behind ``mmgate_actor_lookups_total`` and the lookup duration histogram.
 
     Both methods run in the caller's task on the event loop: the counts are plain ints, read by
-    the scrape's snapshot on the same loop.
+    the scrape on the same loop.
     """
 
     __slots__ = ("_durations", "counts", "duration")
@@ -196,7 +196,7 @@ class Metrics:
     def _take(self) -> list[Metric]:
         return [family for part in self._parts for family in part.collect()]
 
-    def snapshot(self) -> list[Metric] | None:
+    def part_families(self) -> list[Metric] | None:
         """Every part's families now, read on the event loop; None when they could not be."""
         take, loop = self._take, self._loop
         if self.heartbeat is None:  # not started
@@ -242,10 +242,6 @@ class Metrics:
                 if blocked or waited >= SNAPSHOT_TIMEOUT_SECONDS:
                     raise
 
-    def lookups(self) -> dict[LookupKey, int]:
-        """Lookups counted so far, by (stage, outcome, tier): a copy, on the event loop."""
-        return dict(self._lookups.counts)
-
     def cache_levels(self, engine_stats: Callable[[], EngineStats]) -> Part:
         """The three cache levels: the engine's pages and prefixes beside the media lookups."""
         return _CacheLevels(engine_stats, self._lookups)
@@ -273,7 +269,7 @@ class _ServiceCollector:
             "mmgate_metrics_stale_scrapes_total",
             "Scrapes without the service's series: the event loop did not answer in time.",
         )
-        snapshot = self.metrics.snapshot()
+        families = self.metrics.part_families()
         stale.add_metric([], self.metrics.stale_scrapes)
         yield stale
         heartbeat = self.metrics.heartbeat
@@ -297,5 +293,5 @@ class _ServiceCollector:
             counts = list(heartbeat.lag_counts)
             lag.add_metric([], cumulative_buckets(LAG_BUCKETS, counts), heartbeat.lag_sum)
         yield lag
-        if snapshot is not None:
-            yield from snapshot
+        if families is not None:
+            yield from families
