@@ -1,5 +1,5 @@
 """The whole server over an engine handed in: real gRPC, auth, cache actor, queue, tracing and
-metrics in front of ``ScriptedEngine`` (tests/services/scripted_engine.py), no vLLM."""
+metrics in front of the synthetic engine (services/engine/synthetic.py), no vLLM engine."""
 
 from __future__ import annotations
 
@@ -14,18 +14,20 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from services.api.server import MmgateServer
 from services.client import Credentials, MmgateClient
 from services.config import Settings
+from services.engine.synthetic import SyntheticEngine, SyntheticSpec, synthetic_engine
 from services.observability.tracing import Tracing
 from tests.services.auth.support import TOKEN_GRANTS, TOKENS, write_tokens
-from tests.services.scripted_engine import WORDS, ScriptedEngine
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
+SPEC = SyntheticSpec(step_s=0.001)
+
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def scripted(
+async def synthetic(
     tiny_model: str, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[tuple[MmgateServer, InMemorySpanExporter]]:
-    tokens = tmp_path_factory.mktemp("scripted") / "tokens.json"
+    tokens = tmp_path_factory.mktemp("synthetic") / "tokens.json"
     write_tokens(tokens, TOKEN_GRANTS)
     settings = Settings(
         host="127.0.0.1",
@@ -37,7 +39,7 @@ async def scripted(
     )
     exporter = InMemorySpanExporter()
     tracing = Tracing(settings, span_processors=[SimpleSpanProcessor(exporter)], environ={})
-    server = MmgateServer(settings, model=tiny_model, tracing=tracing, engine=ScriptedEngine)
+    server = MmgateServer(settings, model=tiny_model, tracing=tracing, engine=synthetic_engine(SPEC))
     await server.start()
     try:
         yield server, exporter
@@ -52,17 +54,18 @@ def client_of(server: MmgateServer, token: str | None) -> MmgateClient:
 
 
 async def test_a_request_runs_through_every_part_to_the_engine_handed_in(
-    scripted: tuple[MmgateServer, InMemorySpanExporter],
+    synthetic: tuple[MmgateServer, InMemorySpanExporter],
 ) -> None:
-    server, exporter = scripted
+    server, exporter = synthetic
     engine = server.engine
-    assert isinstance(engine, ScriptedEngine)
+    assert isinstance(engine, SyntheticEngine)
     async with client_of(server, TOKENS["alpha"]) as client:
         first = await client.complete("hello there", max_tokens=8)
         again = await client.complete("hello there", max_tokens=8)
-    assert first.text == again.text == "".join(WORDS)
+    assert first.text == again.text and first.text.strip()
+    assert first.final.usage.completion_tokens == len(first.token_ids) == 8
     # the engine was asked twice, through the queue; the prompt was cached by the actor
-    assert len(engine.requests) == 2
+    assert engine.stats().requests == 2
     lookups = [[(r.stage, r.outcome) for r in m.final.cache.lookups] for m in (first, again)]
     assert lookups == [[("prompt", "miss")], [("prompt", "hit")]]
     # tracing saw each lookup
@@ -71,23 +74,23 @@ async def test_a_request_runs_through_every_part_to_the_engine_handed_in(
 
 
 async def test_the_auth_gate_stands_in_front_of_the_engine_handed_in(
-    scripted: tuple[MmgateServer, InMemorySpanExporter],
+    synthetic: tuple[MmgateServer, InMemorySpanExporter],
 ) -> None:
-    server, _ = scripted
+    server, _ = synthetic
     engine = server.engine
-    assert isinstance(engine, ScriptedEngine)
-    asked = len(engine.requests)
+    assert isinstance(engine, SyntheticEngine)
+    asked = engine.stats().requests
     async with client_of(server, "not-a-token") as client:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await client.complete("hello", max_tokens=2)
     assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    assert len(engine.requests) == asked
+    assert engine.stats().requests == asked
 
 
 async def test_the_scrape_reads_the_engine_handed_in(
-    scripted: tuple[MmgateServer, InMemorySpanExporter],
+    synthetic: tuple[MmgateServer, InMemorySpanExporter],
 ) -> None:
-    server, _ = scripted
+    server, _ = synthetic
     ready = {
         family.name: family.samples[0].value
         for family in server.metrics.registry.collect()
