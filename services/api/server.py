@@ -238,9 +238,9 @@ class MmgateServer:
         await self._stopped.wait()
 
 
-async def serve(settings: Settings) -> None:
+async def serve(settings: Settings, engine: EngineFactory = vllm_engine) -> None:
     """Run until SIGTERM or SIGINT, then shut down gracefully."""
-    server = MmgateServer(settings)
+    server = MmgateServer(settings, engine=engine)
     loop = asyncio.get_running_loop()
     stopping: set[asyncio.Task[None]] = set()  # holds the task until it is done
 

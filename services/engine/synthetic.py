@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import importlib
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -352,6 +353,8 @@ class SyntheticEngine:
         self.plan = plan
         self.model_name = self.settings.served_model_name or plan.model.rstrip("/").rsplit("/", 1)[-1]
         self._tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, plan.model)
+        # vLLM's types (SamplingParams, RequestOutput) imported now, off the loop: seconds
+        await asyncio.to_thread(importlib.import_module, "vllm.outputs")
         self.vocab_size = len(self._tokenizer)
         self.llm = SyntheticLLM(
             self.spec,
