@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(ENGINE)
 HOST ?= 127.0.0.1
 PORT ?= 50051
 
-.PHONY: all install test lint typecheck architecture unit proto manifests settings-table serve mesh bench bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-unary bench-adapters bench-fair-queue bench-fair-weights bench-watch bench-observability bench-plots gpu-check soak reliability-report clean
+.PHONY: all install test lint typecheck architecture unit proto manifests settings-table serve mesh bench bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-unary bench-adapters bench-fair-queue bench-fair-weights bench-watch bench-frontend bench-observability bench-plots gpu-check soak reliability-report clean
 
 all: test
 
@@ -142,6 +142,11 @@ GROWTH_ARGS := --large
 REPEATS_ARGS := --model tiny --requests 150 --runs 3 --servers 2 --interleave --pin 0 --contenders mmgate mmgate-auto vllm-base64 vllm-uuid
 endif
 TEXT_ARGS := --cache-policy prompt --loops 2 --warmup 8 --rounds 3 --levels 1 4 16
+ifeq ($(QUICK),1)
+FRONTEND_ARGS := --streams 64 --sizes 1 --seconds 4 --warmup 3 --contenders mmgate,bare
+else
+FRONTEND_ARGS :=
+endif
 
 bench-cache: $(STAMP)
 	$(BIN)/python -m bench.cache_actor $(CACHE_ARGS)
@@ -194,6 +199,11 @@ ifneq ($(QUICK),1)
 	$(BIN)/python -m bench.image_repeats --model vitl --requests 20 --repeats 0.9 --working-sets 2 8 --json $(FIGURES)/images-vitl.json
 endif
 
+# what one server process relays over a synthetic GPU (no CPU): mmgate, the bare grpc.aio
+# limit, vLLM's gRPC and OpenAI servers, each under 64-1,024 streams from its own load process
+bench-frontend: $(STAMP)
+	$(BIN)/python -m bench.frontend $(FRONTEND_ARGS) --json $(FIGURES)/frontend.json --plot docs/images/frontend-capacity.png
+
 bench-observability: $(STAMP)
 	$(BIN)/python -m bench.observability --observe traces
 ifneq ($(QUICK),1)
@@ -204,9 +214,9 @@ bench-plots: $(STAMP)
 	$(BIN)/python -m bench.plots --figures $(FIGURES) --out docs/images
 
 ifeq ($(QUICK),1)
-bench: bench-cache bench-growth bench-image-repeats
+bench: bench-cache bench-growth bench-image-repeats bench-frontend
 else
-bench: bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-unary bench-adapters bench-fair-queue bench-fair-weights bench-watch bench-observability bench-plots
+bench: bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-unary bench-adapters bench-fair-queue bench-fair-weights bench-watch bench-frontend bench-observability bench-plots
 endif
 
 # the full multi-replica suite: three replicas behind the proxy, fail-over, rolling restart,

@@ -7,13 +7,13 @@
 Every contender serves the same synthetic engine (services/engine/synthetic.py): each running
 request gets a token every ``--step-ms``, up to 1,024 at once, its text the served model's
 (SmolLM2-135M's tokenizer), so the engine makes S / step tokens a second for S streams:
-  mmgate            mmgate serve over it (bench/frontend_servers.py), tracing on: every trace
+  mmgate            mmgate serve over it (MMGATE_ENGINE__SYNTHETIC), tracing on: every trace
                     exported over OTLP to a receiver in a process of its own (ratio 1.0)
-  mmgate untraced   the same with no tracing
-  bare grpc.aio     the limit: a grpc.aio servicer of mmgate's Generate that streams the engine's
-                    outputs with nothing else (bench/frontend_servers.py), on asyncio as mmgate
-  vllm grpc         vLLM's gRPC servicer (smg-grpc-servicer, as bench/vllm_grpc.py runs it)
-  vllm openai       vLLM's OpenAI server, chat completions streamed as server-sent events
+  mmgate-untraced   the same with no tracing
+  bare              the limit: a grpc.aio servicer of mmgate's Generate that streams the engine's
+                    outputs with nothing else (bench/frontend_bare.py), on asyncio as mmgate
+  vllm-grpc         vLLM's gRPC servicer (smg-grpc-servicer, as bench/vllm_grpc.py runs it)
+  vllm-openai       vLLM's OpenAI server, chat completions streamed as server-sent events
 the last two with the synthetic engine in the place of AsyncLLM.generate (bench/synthetic_vllm.py).
 ``--sizes``: tokens a message (the engine's stream interval; one, then four).
 
@@ -48,7 +48,7 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.config import EngineSettings, Settings
+from services.config import EngineSettings, Settings, SyntheticSettings
 from services.engine.plan import EnginePlan
 from services.engine.worker import EngineWorker
 from services.models import prepare_default_model
@@ -59,17 +59,17 @@ from .openai_server import server_flags, stop
 ROOT = Path(__file__).resolve().parent.parent
 MAX_NUM_SEQS = 1024
 START_TIMEOUT = 300.0
-CONTENDERS = ("mmgate", "mmgate untraced", "bare grpc.aio", "vllm grpc", "vllm openai")
+CONTENDERS = ("mmgate", "mmgate-untraced", "bare", "vllm-grpc", "vllm-openai")
 PROTOCOL = {
     "mmgate": "mmgate",
-    "mmgate untraced": "mmgate",
-    "bare grpc.aio": "mmgate",
-    "vllm grpc": "vllm-grpc",
-    "vllm openai": "openai",
+    "mmgate-untraced": "mmgate",
+    "bare": "mmgate",
+    "vllm-grpc": "vllm-grpc",
+    "vllm-openai": "openai",
 }
 VLLM_MODULE = {
-    "vllm grpc": "vllm.entrypoints.launchers.grpc_server",
-    "vllm openai": "vllm.entrypoints.openai.api_server",
+    "vllm-grpc": "vllm.entrypoints.launchers.grpc_server",
+    "vllm-openai": "vllm.entrypoints.openai.api_server",
 }
 
 
@@ -106,7 +106,10 @@ def timing_flags(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def command(name: str, port: int, size: int, model: str, args: argparse.Namespace) -> list[str]:
+def command(
+    name: str, port: int, size: int, model: str, args: argparse.Namespace
+) -> tuple[list[str], dict[str, str]]:
+    """The contender's command line and the environment it adds."""
     python = [sys.executable, "-m"]
     if name in VLLM_MODULE:
         engine = EngineSettings(
@@ -115,34 +118,46 @@ def command(name: str, port: int, size: int, model: str, args: argparse.Namespac
             kv_cache_memory_bytes=256 * 2**20,
         )
         flags = server_flags(EngineWorker(engine).engine_args(EnginePlan(model, None)))
-        return [
-            *python,
-            "bench.synthetic_vllm",
-            *timing_flags(args),
-            VLLM_MODULE[name],
-            *flags,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ]
-    kind = "bare" if name == "bare grpc.aio" else "mmgate"
-    line = [*python, "bench.frontend_servers", kind, "--port", str(port), "--model", model]
-    line += [*timing_flags(args), "--max-num-seqs", str(MAX_NUM_SEQS), "--stream-interval", str(size)]
+        line = [*python, "bench.synthetic_vllm", *timing_flags(args), VLLM_MODULE[name], *flags]
+        return [*line, "--host", "127.0.0.1", "--port", str(port)], {}
+    if name == "bare":
+        line = [*python, "bench.frontend_bare", "--port", str(port), "--model", model]
+        line += [*timing_flags(args), "--max-num-seqs", str(MAX_NUM_SEQS)]
+        return [*line, "--stream-interval", str(size)], {}
+    timing = SyntheticSettings(
+        step_seconds=args.step_ms / 1000,
+        prefill_seconds_per_token=args.prefill_us_per_token / 1e6,
+        answer_tokens=args.answer_tokens,
+    )
+    env = {
+        "MMGATE_HOST": "127.0.0.1",
+        "MMGATE_PORT": str(port),
+        "MMGATE_ENGINE__MODEL": model,
+        "MMGATE_ENGINE__SYNTHETIC": timing.model_dump_json(),
+        "MMGATE_ENGINE__MAX_NUM_SEQS": str(MAX_NUM_SEQS),
+        "MMGATE_ENGINE__STREAM_INTERVAL": str(size),
+        "MMGATE_MAX_CONCURRENT_REQUESTS": str(4 * MAX_NUM_SEQS),
+        "MMGATE_METRICS__PORT": "0",
+    }
     if name == "mmgate":
-        line += ["--otlp", f"127.0.0.1:{args.otlp_port}"]
-    return line
+        env.update(
+            MMGATE_TRACING__ENDPOINT=f"127.0.0.1:{args.otlp_port}",
+            MMGATE_TRACING__PROTOCOL="grpc",
+            MMGATE_TRACING__SAMPLE_RATIO="1.0",
+        )
+    return [*python, "services.cli", "serve"], env
 
 
 async def start(name: str, size: int, model: str, args: argparse.Namespace) -> Server:
     port = free_port()
     log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept open while it runs
-        prefix="frontend-" + name.replace(" ", "-") + "-", suffix=".log", delete=False
+        prefix=f"frontend-{name}-", suffix=".log", delete=False
     )
-    env = {**os.environ, "SMG_VLLM_SERVICER_WARMUP": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
+    line, added = command(name, port, size, model, args)
+    env = {**os.environ, "SMG_VLLM_SERVICER_WARMUP": "0", "VLLM_LOGGING_LEVEL": "WARNING", **added}
     process = await asyncio.create_subprocess_exec(
         *cpus()[0],
-        *command(name, port, size, model, args),
+        *line,
         cwd=ROOT,
         env=env,
         stdout=log,
@@ -200,6 +215,8 @@ async def load(
         model,
         "--server-pid",
         str(server.process.pid),
+        "--max-tokens",
+        str(args.max_tokens),
         cwd=ROOT,
         stdout=asyncio.subprocess.PIPE,
     )
@@ -230,13 +247,16 @@ def figures(raw: dict[str, Any], streams: int, step_s: float) -> dict[str, Any]:
 
 
 def row(name: str, size: int, streams: int, f: dict[str, Any]) -> str:
+    notes = ("  client-bound" if f["client_bound"] else "") + (
+        f"  errors {f['errors']}" if f["errors"] else ""
+    )
     return (
         f"{name:<16} {size:>4} {streams:>5} {f['tokens_s']:>9,.0f} {f['offered_tokens_s']:>9,.0f}"
         f" {f['delivered']:>6.2f} {f['messages_s']:>8,.0f} {f['tokens_per_message']:>5.1f}"
         f" {f['itl_p50_steps']:>5.2f} {f['itl_p99_steps']:>6.2f}"
         f" {f['ttft_p50'] * 1000:>7.0f} {f['ttft_p99'] * 1000:>7.0f}"
-        f" {f['server_cpu_per_1k']:>7.3f} {f['server_cpu_share']:>5.2f} {f['client_cpu_share']:>5.2f}"
-        f"{'  client-bound' if f['client_bound'] else ''}{'  errors ' + str(f['errors']) if f['errors'] else ''}"
+        f" {f['server_cpu_per_1k']:>7.3f} {f['server_cpu_share']:>5.2f}"
+        f" {f['client_cpu_share']:>5.2f}{notes}"
     )
 
 
@@ -308,7 +328,8 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
     )
-    assert sink.stdout is not None and sink.stdin is not None
+    assert sink.stdout is not None
+    assert sink.stdin is not None
     args.otlp_port = int(await asyncio.wait_for(sink.stdout.readline(), 60))
     results: list[dict[str, Any]] = []
     print(HEADER, flush=True)
@@ -352,6 +373,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--step-ms", type=float, default=15.0)
     parser.add_argument("--prefill-us-per-token", type=float, default=20.0)
     parser.add_argument("--answer-tokens", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=128, help="every request's, exactly")
     parser.add_argument(
         "--contenders",
         type=lambda text: [name.strip() for name in text.split(",")],

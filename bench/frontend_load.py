@@ -4,7 +4,7 @@ its own, printing what it received as one JSON line.
     python -m bench.frontend_load --protocol mmgate|vllm-grpc|openai --target HOST:PORT
         --streams S --seconds D --warmup W --model DIR --server-pid PID
 
-Each stream sends a request (a new prompt each time, greedy, ``MAX_TOKENS`` exactly) as soon as
+Each stream sends a request (a new prompt each time, greedy, ``--max-tokens`` exactly) as soon as
 the last one ended, so the engine's batch stays full. Counted over the window after the warm-up:
 tokens and messages received, each message's gap from the one before in its stream (the
 inter-token latency: one engine step when nothing falls behind), each request's time to its
@@ -35,7 +35,6 @@ from services.proto.mmgate.v1 import inference_pb2_grpc
 from .service import percentile, process_cpu_seconds
 from .vllm_grpc import chat_token_ids
 
-MAX_TOKENS = 128
 STREAMS_PER_CONNECTION = 64  # callers have connections of their own; so do these streams
 Messages = AsyncIterator[int]  # the tokens in each message received
 
@@ -58,7 +57,9 @@ def prompt(stream: int, n: int) -> str:
     return f"Caller {stream}, question {n}: what happened at the harbour this morning?"
 
 
-def mmgate_protocol(target: str, streams: int, model: str) -> Callable[[int, int], Messages]:
+def mmgate_protocol(
+    target: str, streams: int, model: str, max_tokens: int
+) -> Callable[[int, int], Messages]:
     stubs = [
         inference_pb2_grpc.InferenceStub(connection(target))
         for _ in range(-(-streams // STREAMS_PER_CONNECTION))
@@ -67,7 +68,7 @@ def mmgate_protocol(target: str, streams: int, model: str) -> Callable[[int, int
     async def send(stream: int, n: int) -> Messages:
         stub = stubs[stream % len(stubs)]
         request = build_request(
-            prompt(stream, n), max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True
+            prompt(stream, n), max_tokens=max_tokens, temperature=0.0, ignore_eos=True
         )
         async for event in stub.Generate(request, timeout=120):
             if event.HasField("delta"):
@@ -76,7 +77,9 @@ def mmgate_protocol(target: str, streams: int, model: str) -> Callable[[int, int
     return send
 
 
-def vllm_grpc_protocol(target: str, streams: int, model: str) -> Callable[[int, int], Messages]:
+def vllm_grpc_protocol(
+    target: str, streams: int, model: str, max_tokens: int
+) -> Callable[[int, int], Messages]:
     from smg_grpc_proto import vllm_engine_pb2 as pb
     from smg_grpc_proto import vllm_engine_pb2_grpc
     from transformers import AutoTokenizer
@@ -97,7 +100,7 @@ def vllm_grpc_protocol(target: str, streams: int, model: str) -> Callable[[int, 
             request_id=uuid.uuid4().hex,
             tokenized=pb.TokenizedInput(input_ids=token_ids(stream, n % 8)),
             sampling_params=pb.SamplingParams(
-                temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True
+                temperature=0.0, max_tokens=max_tokens, ignore_eos=True
             ),
             stream=True,
         )
@@ -108,7 +111,9 @@ def vllm_grpc_protocol(target: str, streams: int, model: str) -> Callable[[int, 
     return send
 
 
-def openai_protocol(target: str, streams: int, model: str) -> Callable[[int, int], Messages]:
+def openai_protocol(
+    target: str, streams: int, model: str, max_tokens: int
+) -> Callable[[int, int], Messages]:
     client = httpx.AsyncClient(
         base_url=f"http://{target}",
         timeout=120,
@@ -119,7 +124,7 @@ def openai_protocol(target: str, streams: int, model: str) -> Callable[[int, int
         body = {
             "model": model.rstrip("/").rsplit("/", 1)[-1],
             "messages": [{"role": "user", "content": prompt(stream, n)}],
-            "max_tokens": MAX_TOKENS,
+            "max_tokens": max_tokens,
             "temperature": 0.0,
             "ignore_eos": True,
             "stream": True,
@@ -176,13 +181,11 @@ async def stream_loop(
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    send = PROTOCOLS[args.protocol](args.target, args.streams, args.model)
+    send = PROTOCOLS[args.protocol](args.target, args.streams, args.model, args.max_tokens)
     begun = time.perf_counter()
     window = Window(begun + args.warmup, begun + args.warmup + args.seconds)
     stop = window.end
-    loops = [
-        asyncio.create_task(stream_loop(i, send, window, stop)) for i in range(args.streams)
-    ]
+    loops = [asyncio.create_task(stream_loop(i, send, window, stop)) for i in range(args.streams)]
     await asyncio.sleep(max(0.0, window.start - time.perf_counter()))
     cpu, server_cpu = time.process_time(), process_cpu_seconds(args.server_pid)
     await asyncio.sleep(max(0.0, window.end - time.perf_counter()))
@@ -213,6 +216,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--model", required=True)
     parser.add_argument("--server-pid", type=int, required=True)
+    parser.add_argument("--max-tokens", type=int, default=128)
     args = parser.parse_args()
     print(json.dumps(asyncio.run(run(args))), flush=True)
 

@@ -31,7 +31,8 @@ import weakref
 from collections.abc import AsyncGenerator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from services.engine.synthetic import SyntheticLLM, SyntheticSpec
+from services.config import SyntheticSettings
+from services.engine.synthetic import SyntheticLLM
 
 if TYPE_CHECKING:
     from vllm.outputs import CompletionOutput, RequestOutput
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 MODULES = ("vllm.entrypoints.launchers.grpc_server", "vllm.entrypoints.openai.api_server")
 
 
-def parse(argv: Sequence[str]) -> tuple[SyntheticSpec, str, list[str]]:
+def parse(argv: Sequence[str]) -> tuple[SyntheticSettings, str, list[str]]:
     """The engine's timing, the server's module, and the server's own arguments."""
     parser = argparse.ArgumentParser(
         prog="python -m bench.synthetic_vllm",
@@ -52,16 +53,16 @@ def parse(argv: Sequence[str]) -> tuple[SyntheticSpec, str, list[str]]:
     parser.add_argument("module", help=" or ".join(MODULES))
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the server's arguments")
     options = parser.parse_args(argv)
-    spec = SyntheticSpec(
-        step_s=options.step_ms / 1000,
-        prefill_s_per_token=options.prefill_us_per_token / 1e6,
+    timing = SyntheticSettings(
+        step_seconds=options.step_ms / 1000,
+        prefill_seconds_per_token=options.prefill_us_per_token / 1e6,
         answer_tokens=options.answer_tokens,
     )
     args = list(options.args)
-    return spec, options.module, args[1:] if args[:1] == ["--"] else args
+    return timing, options.module, args[1:] if args[:1] == ["--"] else args
 
 
-def install(spec: SyntheticSpec) -> None:
+def install(timing: SyntheticSettings) -> None:
     """AsyncLLM's ``generate`` and ``abort`` routed to a SyntheticLLM of the instance's own."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -72,7 +73,7 @@ def install(spec: SyntheticSpec) -> None:
         if engine is None:
             scheduler = llm.vllm_config.scheduler_config
             engine = engines[llm] = SyntheticLLM(
-                spec,
+                timing,
                 llm.get_tokenizer(),
                 max_num_seqs=scheduler.max_num_seqs,
                 stream_interval=scheduler.stream_interval,
@@ -126,8 +127,8 @@ async def cumulative(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    spec, module, args = parse(sys.argv[1:] if argv is None else argv)
-    install(spec)
+    timing, module, args = parse(sys.argv[1:] if argv is None else argv)
+    install(timing)
     sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 

@@ -243,7 +243,8 @@ def start_server(
     its clients connect with (TLS, a client certificate, a token) unless told otherwise; a
     port of the caller's choosing as MMGATE_PORT."""
     port = int(settings.get("MMGATE_PORT") or free_port())
-    ENGINE_STARTS["mmgate serve"] += 1
+    if "MMGATE_ENGINE__SYNTHETIC" not in settings:  # the synthetic engine starts no model
+        ENGINE_STARTS["mmgate serve"] += 1
     env = dict(os.environ)
     env.update(
         {

@@ -84,9 +84,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         # aborts the engine request), instead of whenever garbage collection finalizes them.
         async with contextlib.aclosing(self._serve(request, context)) as events:
             async for event in events:
-                message = await _message(event)
                 if isinstance(event, Finished):
+                    message = await _final_message(event)
                     await self._check_size(message, context)
+                else:
+                    message = _delta_message(event)
+                    if event.logprobs:
+                        await _extend_logprobs(message.delta.logprobs, event.logprobs)
                 await context.write(message)
 
     async def Complete(
@@ -231,11 +235,17 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         )
 
 
-async def _message(event: EngineDelta | Finished) -> pb.GenerateResponse:
-    if isinstance(event, EngineDelta):
-        delta = pb.TokenDelta(text=event.text, token_ids=event.token_ids, index=event.index)
-        await _extend_logprobs(delta.logprobs, event.logprobs)
-        return pb.GenerateResponse(delta=delta)
+def _delta_message(event: EngineDelta) -> pb.GenerateResponse:
+    """A delta's message, its log-probabilities left to add (a message a token: no coroutine)."""
+    message = pb.GenerateResponse()
+    delta = message.delta
+    delta.text = event.text
+    delta.token_ids.extend(event.token_ids)
+    delta.index = event.index
+    return message
+
+
+async def _final_message(event: Finished) -> pb.GenerateResponse:
     message = pb.GenerateResponse()
     await _fill_final(message.final, event)
     return message

@@ -23,9 +23,9 @@ from typing import final
 from grpc_health.v1._async import HealthServicer
 
 from ..config import Settings
+from ..engine.factory import configured_engine
 from ..engine.plan import EnginePlan
 from ..engine.protocol import EngineFactory
-from ..engine.worker import vllm_engine
 from ..models import resolve_model
 from ..observability.metrics import Metrics
 from ..observability.tracing import Tracing
@@ -67,7 +67,7 @@ class MmgateServer:
         *,
         model: str | None = None,
         tracing: Tracing | None = None,
-        engine: EngineFactory = vllm_engine,
+        engine: EngineFactory = configured_engine,
     ) -> None:
         self.settings = settings
         self.model = model
@@ -238,9 +238,9 @@ class MmgateServer:
         await self._stopped.wait()
 
 
-async def serve(settings: Settings, engine: EngineFactory = vllm_engine) -> None:
+async def serve(settings: Settings) -> None:
     """Run until SIGTERM or SIGINT, then shut down gracefully."""
-    server = MmgateServer(settings, engine=engine)
+    server = MmgateServer(settings)
     loop = asyncio.get_running_loop()
     stopping: set[asyncio.Task[None]] = set()  # holds the task until it is done
 

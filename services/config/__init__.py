@@ -5,7 +5,7 @@
 Each field's docstring is its help text in ``mmgate serve --help`` and its row in the settings
 tables of docs/service.md (``make settings-table``).
 
-    engine.py          EngineSettings, ThreadSettings, home_model_cache
+    engine.py          EngineSettings, SyntheticSettings, ThreadSettings, home_model_cache
     cache.py           CacheSettings (the actor's), MediaSettings, RedisSettings
     observability.py   TracingSettings, MetricsSettings, HealthSettings
     access.py          AuthSettings, Grant, TenantSettings, TenantScheduling, ConnectionSettings
@@ -35,6 +35,7 @@ from .engine import (
     LORA_RANKS,
     EngineSettings,
     MiB,
+    SyntheticSettings,
     ThreadSettings,
     home_model_cache,
 )
@@ -156,6 +157,7 @@ __all__ = [
     "MiB",
     "RedisSettings",
     "Settings",
+    "SyntheticSettings",
     "TenantScheduling",
     "TenantSettings",
     "ThreadSettings",

@@ -21,6 +21,22 @@ def home_model_cache() -> Path:
     return Path.home() / ".cache" / "mmgate" / "models"
 
 
+class SyntheticSettings(BaseModel):
+    """A synthetic engine in the place of the model, for load tests of the front end only: a
+    GPU's continuous batching at next to no CPU (services/engine/synthetic.py). Every running
+    request (max_num_seqs at once) gets a token each step, of a fixed text in the configured
+    model's tokenizer; nothing the model would say."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, frozen=True)
+
+    step_seconds: float = Field(0.015, gt=0)
+    """One decode step of the whole batch."""
+    prefill_seconds_per_token: float = Field(0.00002, ge=0)
+    """A request's prefill before its first token: this per prompt token."""
+    answer_tokens: int = Field(128, gt=0)
+    """Tokens before the end-of-sequence token (unless a request ignores it)."""
+
+
 class EngineSettings(BaseModel):
     """The vLLM engine arguments operators tune; anything else goes through ``extra``."""
 
@@ -108,6 +124,10 @@ class EngineSettings(BaseModel):
     at least 16."""
     extra: dict[str, Any] = Field(default_factory=dict)
     """Any other vLLM engine argument, as JSON: '{"swap_space": 2}'."""
+    synthetic: SyntheticSettings | None = None
+    """Load tests only: serve a synthetic engine that runs no model, its timing as JSON
+    (step_seconds 0.015, prefill_seconds_per_token 0.00002, answer_tokens 128; '{}': these);
+    unset: vLLM. docs/benchmarks.md, front-end capacity."""
 
     @property
     def lora(self) -> bool:

@@ -2,8 +2,9 @@
 
 ``Engine`` is what the pipeline needs to generate; ``ServedEngine`` what the server, its health
 monitor, its metrics and its servicers need besides: start from a plan, stats, adapters, close.
-``EngineWorker`` (worker.py) is the real one, on vLLM; ``MmgateServer`` takes a factory of them
-(``vllm_engine`` unless told otherwise).
+``EngineWorker`` (worker.py) is the real one, on vLLM; ``SyntheticEngine`` (synthetic.py) a
+load-testing one that runs no model; ``MmgateServer`` takes a factory of them
+(``configured_engine`` unless told otherwise: the one the settings name).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """A synthetic engine for load tests: a GPU's continuous batching at next to no CPU.
 
     SyntheticLLM.generate(prompt, SamplingParams, request_id) ─▶ RequestOutput, as AsyncLLM
-        one clock for all requests: every ``step_s`` each running request (``max_num_seqs`` at
-        once, the rest wait in order) gets one token; a request starts after a prefill of
-        ``prefill_s_per_token`` a prompt token; a late clock catches up (several tokens a
+        one clock for all requests: every ``step_seconds`` each running request (``max_num_seqs``
+        at once, the rest wait in order) gets one token; a request starts after a prefill of
+        ``prefill_seconds_per_token`` a prompt token; a late clock catches up (several tokens a
         request at once), so the rate is the engine's whatever the front end's loop does
         outputs merged for a consumer that falls behind, as vLLM's output collector does;
         one output every ``stream_interval`` tokens (the first and the last at once)
@@ -17,24 +17,24 @@ model's end-of-sequence token after ``answer_tokens`` unless ``ignore_eos``; ``m
 ``min_tokens`` act as in vLLM. Stop strings, stop token ids, log-probabilities, constraints and
 adapters are not modelled: a request is answered as if it had none.
 
-A load-testing engine, never a default: MmgateServer runs vLLM unless handed
-``synthetic_engine(spec)`` (bench/frontend.py, and the tests of the front end).
+A load-testing engine, never a default: a server runs it only where its settings name it
+(``MMGATE_ENGINE__SYNTHETIC``: bench/frontend.py, the tests of the front end), and says so in its
+log at start; SyntheticLLM alone stands in for vLLM's own servers (bench/synthetic_vllm.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import importlib
+import logging
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any, final
 
 from prometheus_client.core import Metric
 
-from ..config import Settings
+from ..config import Settings, SyntheticSettings
 from ..errors import AdapterNotFound, AdapterRefused, EngineUnavailable
 from ..observability.adapter_metrics import adapter_families
 from ..observability.metric_families import engine_families
@@ -55,6 +55,8 @@ from .progress import Progress
 from .sampling import vllm_sampling
 from .stats import Counters, TokenCounters
 
+log = logging.getLogger("mmgate.engine")
+
 PASSAGE = (
     "The harbour was quiet before dawn. Fishing boats rocked against the stone quay, their "
     "lamps still lit, and a cat walked the length of the sea wall as if it owned the town. "
@@ -64,16 +66,6 @@ PASSAGE = (
     "other all their lives. Nobody hurried. The tide would turn at nine, the ferry would leave "
     "at ten, and whatever the day brought would be talked over at the café by noon. "
 )
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class SyntheticSpec:
-    """The engine's timing; ``max_num_seqs`` and ``stream_interval`` are the engine settings'."""
-
-    step_s: float = 0.015  # one decode step of the whole batch
-    prefill_s_per_token: float = 0.00002  # 50,000 prompt tokens a second
-    answer_tokens: int = 128  # then end-of-sequence, unless the request ignores it
 
 
 @final
@@ -87,7 +79,9 @@ class Passage:
         self.ids: tuple[int, ...] = tuple(int(i) for i in encoded["input_ids"])
         ends = [end for _, end in encoded["offset_mapping"]]
         starts = [0, *ends[:-1]]
-        self.pieces: tuple[str, ...] = tuple(PASSAGE[a:b] for a, b in zip(starts, ends, strict=True))
+        self.pieces: tuple[str, ...] = tuple(
+            PASSAGE[a:b] for a, b in zip(starts, ends, strict=True)
+        )
         eos = tokenizer.eos_token_id
         self.eos: int = int(eos) if eos is not None else self.ids[-1]
 
@@ -128,7 +122,9 @@ class _Run:
         "unsent",
     )
 
-    def __init__(self, request_id: str, prompt_ids: list[int], params: Any, spec: SyntheticSpec):
+    def __init__(
+        self, request_id: str, prompt_ids: list[int], params: Any, timing: SyntheticSettings
+    ) -> None:
         from vllm.sampling_params import RequestOutputKind
 
         self.request_id = request_id
@@ -136,8 +132,8 @@ class _Run:
         self.samples = max(1, int(params.n or 1))
         self.text = params.detokenize
         self.output_kind = params.output_kind
-        budget = int(params.max_tokens if params.max_tokens is not None else spec.answer_tokens)
-        self.eos_at = -1 if params.ignore_eos else max(spec.answer_tokens, params.min_tokens or 0)
+        budget = int(params.max_tokens if params.max_tokens is not None else timing.answer_tokens)
+        self.eos_at = -1 if params.ignore_eos else max(timing.answer_tokens, params.min_tokens or 0)
         # the answer ends at its end-of-sequence token (included) or at max_tokens
         self.total = budget if self.eos_at < 0 or self.eos_at >= budget else self.eos_at + 1
         self.offset = sum(prompt_ids[-8:])  # the same prompt, the same answer
@@ -160,14 +156,14 @@ class SyntheticLLM:
 
     def __init__(
         self,
-        spec: SyntheticSpec,
+        timing: SyntheticSettings,
         tokenizer: Any,
         *,
         max_num_seqs: int,
         stream_interval: int = 1,
         on_step: Callable[[int, int, int], None] | None = None,
     ) -> None:
-        self.spec = spec
+        self.timing = timing
         self.passage = Passage(tokenizer)
         self.max_num_seqs = max_num_seqs
         self.stream_interval = stream_interval
@@ -194,8 +190,10 @@ class SyntheticLLM:
         """Outputs of one request, as vLLM's: DELTA (merged when behind) or FINAL_ONLY."""
         if request_id in self._runs:
             raise ValueError(f"request id {request_id} is already running")
-        run = _Run(request_id, _prompt_ids(prompt), sampling_params, self.spec)
-        interval = max(self.stream_interval, int(getattr(sampling_params, "stream_interval", 0) or 0))
+        run = _Run(request_id, _prompt_ids(prompt), sampling_params, self.timing)
+        interval = max(
+            self.stream_interval, int(getattr(sampling_params, "stream_interval", 0) or 0)
+        )
         self._runs[request_id] = run
         self._waiting.append(run)
         if self._clock is None or self._clock.done():
@@ -223,7 +221,7 @@ class SyntheticLLM:
     # ── the clock ──
     async def _tick(self) -> None:
         loop = asyncio.get_running_loop()
-        step = self.spec.step_s
+        step = self.timing.step_seconds
         start = loop.time()
         done = 0  # steps made since start
         while self._running or self._waiting:
@@ -238,7 +236,7 @@ class SyntheticLLM:
     def _step(self, steps: int, now: float) -> None:
         while self._waiting and len(self._running) < self.max_num_seqs:
             run = self._waiting.popleft()
-            run.ready_at = now + len(run.prompt_ids) * self.spec.prefill_s_per_token
+            run.ready_at = now + len(run.prompt_ids) * self.timing.prefill_seconds_per_token
             self._running.append(run)
         made = 0
         ended = False
@@ -328,11 +326,11 @@ def _prompt_ids(prompt: Any) -> list[int]:
 
 @final
 class SyntheticEngine:
-    """mmgate's ServedEngine over SyntheticLLM: what ``synthetic_engine(spec)`` builds."""
+    """mmgate's ServedEngine over SyntheticLLM, timed by ``settings.engine.synthetic``."""
 
-    def __init__(self, settings: Settings, spec: SyntheticSpec | None = None) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings.engine
-        self.spec = spec or SyntheticSpec()
+        self.timing = settings.engine.synthetic or SyntheticSettings()
         self.progress = Progress()
         self.plan: EnginePlan | None = None
         self.model_name = ""
@@ -350,14 +348,17 @@ class SyntheticEngine:
 
         if self.plan is not None:
             raise RuntimeError("the engine has started already")
+        log.warning("a synthetic engine serves (engine.synthetic): no model runs, load tests only")
         self.plan = plan
-        self.model_name = self.settings.served_model_name or plan.model.rstrip("/").rsplit("/", 1)[-1]
+        self.model_name = (
+            self.settings.served_model_name or plan.model.rstrip("/").rsplit("/", 1)[-1]
+        )
         self._tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, plan.model)
         # vLLM's types (SamplingParams, RequestOutput) imported now, off the loop: seconds
         await asyncio.to_thread(importlib.import_module, "vllm.outputs")
         self.vocab_size = len(self._tokenizer)
         self.llm = SyntheticLLM(
-            self.spec,
+            self.timing,
             self._tokenizer,
             max_num_seqs=self.settings.max_num_seqs,
             stream_interval=self.settings.stream_interval,
@@ -452,7 +453,9 @@ class SyntheticEngine:
         tokenizer = self._tokenizer
         return ModelFacts(
             vocab_size=self.vocab_size,
-            eos_token_ids=(int(tokenizer.eos_token_id),) if tokenizer.eos_token_id is not None else (),
+            eos_token_ids=(int(tokenizer.eos_token_id),)
+            if tokenizer.eos_token_id is not None
+            else (),
             bos_token_id=tokenizer.bos_token_id,
             has_chat_template=getattr(tokenizer, "chat_template", None) is not None,
         )
@@ -473,9 +476,4 @@ class SyntheticEngine:
         pass
 
 
-def synthetic_engine(spec: SyntheticSpec) -> Callable[[Settings], SyntheticEngine]:
-    """The factory ``MmgateServer(engine=...)`` takes: this timing, the settings' batch size."""
-    return functools.partial(SyntheticEngine, spec=spec)
-
-
-__all__ = ["Passage", "SyntheticEngine", "SyntheticLLM", "SyntheticSpec", "synthetic_engine"]
+__all__ = ["Passage", "SyntheticEngine", "SyntheticLLM"]

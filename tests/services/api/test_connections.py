@@ -57,7 +57,10 @@ class Fleet:
         self._slow: RunningServer | None = None
 
     def start(self, **settings: str) -> RunningServer:
-        server = start_server(self.directory, self.tiny_model, **settings)
+        # connections, keepalive and the start's checks are the front's: the synthetic engine
+        server = start_server(
+            self.directory, self.tiny_model, MMGATE_ENGINE__SYNTHETIC="{}", **settings
+        )
         self.servers.append(server)
         return server
 

@@ -14,13 +14,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from services.api.server import MmgateServer
 from services.client import Credentials, MmgateClient
 from services.config import Settings
-from services.engine.synthetic import SyntheticEngine, SyntheticSpec, synthetic_engine
+from services.engine.synthetic import SyntheticEngine
 from services.observability.tracing import Tracing
 from tests.services.auth.support import TOKEN_GRANTS, TOKENS, write_tokens
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-SPEC = SyntheticSpec(step_s=0.001)
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -34,12 +32,13 @@ async def synthetic(
         port=0,
         auth={"mode": "token", "tokens_file": tokens},
         metrics={"port": 0},
-        engine={"queue": True},
+        # the synthetic engine, as a server's settings name it: a step a millisecond
+        engine={"queue": True, "synthetic": {"step_seconds": 0.001}},
         health={"loop_block_seconds": 3600},
     )
     exporter = InMemorySpanExporter()
     tracing = Tracing(settings, span_processors=[SimpleSpanProcessor(exporter)], environ={})
-    server = MmgateServer(settings, model=tiny_model, tracing=tracing, engine=synthetic_engine(SPEC))
+    server = MmgateServer(settings, model=tiny_model, tracing=tracing)
     await server.start()
     try:
         yield server, exporter
@@ -62,7 +61,8 @@ async def test_a_request_runs_through_every_part_to_the_engine_handed_in(
     async with client_of(server, TOKENS["alpha"]) as client:
         first = await client.complete("hello there", max_tokens=8)
         again = await client.complete("hello there", max_tokens=8)
-    assert first.text == again.text and first.text.strip()
+    assert first.text == again.text
+    assert first.text.strip()
     assert first.final.usage.completion_tokens == len(first.token_ids) == 8
     # the engine was asked twice, through the queue; the prompt was cached by the actor
     assert engine.stats().requests == 2

@@ -4,7 +4,8 @@ callers: certificates made here (cryptography), tokens written to a tokens file.
 - ``token_server``: the tiny LLaVA in pixels mode (mmgate caches decoded images, vLLM's own
   processor and prefix caches are live), auth mode token over TLS, a real redis-server as the
   second tier; tenants "alpha" and "beta", and "ops", an admin.
-- ``mtls_server``: the tiny text model, auth mode mtls (client certificates of one CA).
+- ``mtls_server``: the tiny text model's tokenizer over the synthetic engine, auth mode mtls
+  (client certificates of one CA).
 - ``mesh_server``: the tiny LLaVA in pixels mode, auth mode mesh (plaintext behind a sidecar:
   HAProxy connecting from 127.0.0.6, as Istio's does), as a single organisation runs it: media
   and prefixes shared by its tenants.
@@ -134,6 +135,8 @@ def mtls_server(
         MMGATE_AUTH__TLS_KEY_FILE=str(key),
         MMGATE_AUTH__CLIENT_CA_FILE=str(pki.ca.issued.cert),
         MMGATE_AUTH__IDENTITIES=json.dumps(identities),
+        # who may call is the front's alone: the synthetic engine answers
+        MMGATE_ENGINE__SYNTHETIC="{}",
     )
     yield running
     assert running.stop() == 0, running.log()

@@ -12,7 +12,8 @@ from transformers import AutoTokenizer
 from vllm import SamplingParams
 from vllm.sampling_params import RequestOutputKind
 
-from services.engine.synthetic import SyntheticLLM, SyntheticSpec
+from services.config import SyntheticSettings
+from services.engine.synthetic import SyntheticLLM
 
 pytestmark = pytest.mark.asyncio
 
@@ -27,7 +28,7 @@ def tokenizer(tiny_model: str) -> Any:
 def engine(tokenizer: Any, **spec: Any) -> SyntheticLLM:
     seqs = spec.pop("max_num_seqs", 4)
     interval = spec.pop("stream_interval", 1)
-    timing = SyntheticSpec(**{"step_s": HOUR, "prefill_s_per_token": 0.0, **spec})
+    timing = SyntheticSettings(**{"step_seconds": HOUR, "prefill_seconds_per_token": 0.0, **spec})
     return SyntheticLLM(timing, tokenizer, max_num_seqs=seqs, stream_interval=interval)
 
 
@@ -62,9 +63,11 @@ async def test_each_step_gives_each_running_request_one_token_of_real_text(token
         if output.finished:
             break
         pending = asyncio.ensure_future(anext(gen))
-    assert output.finished and output.outputs[0].finish_reason == "length"
+    assert output.finished
+    assert output.outputs[0].finish_reason == "length"
     assert len(ids) == 16
-    assert text == tokenizer.decode(ids) and text.strip()
+    assert text == tokenizer.decode(ids)
+    assert text.strip()
     await gen.aclose()
     await llm.close()
 
@@ -90,14 +93,17 @@ async def test_end_of_sequence_after_the_answer_and_max_tokens_as_vllm(tokenizer
     llm._step(10, 0.0)
     output = await pending
     ids = list(output.outputs[0].token_ids)
-    assert output.finished and output.outputs[0].finish_reason == "stop"
-    assert len(ids) == 5 and ids[-1] == tokenizer.eos_token_id
+    assert output.finished
+    assert output.outputs[0].finish_reason == "stop"
+    assert len(ids) == 5
+    assert ids[-1] == tokenizer.eos_token_id
     assert tokenizer.decode(ids[:-1]) == output.outputs[0].text
     cut = llm.generate({"prompt_token_ids": [7]}, params(max_tokens=3), "cut")
     pending = await first(llm, cut)
     llm._step(10, 0.0)
     output = await pending
-    assert output.outputs[0].finish_reason == "length" and len(output.outputs[0].token_ids) == 3
+    assert output.outputs[0].finish_reason == "length"
+    assert len(output.outputs[0].token_ids) == 3
     # min_tokens pushes the end past the answer
     late = llm.generate({"prompt_token_ids": [7]}, params(max_tokens=50, min_tokens=9), "late")
     pending = await first(llm, late)
@@ -129,12 +135,13 @@ async def test_max_num_seqs_run_at_once_and_the_rest_wait_in_order(tokenizer: An
 
 
 async def test_a_prompt_waits_its_prefill_before_its_first_token(tokenizer: Any) -> None:
-    llm = engine(tokenizer, prefill_s_per_token=1.0)
+    llm = engine(tokenizer, prefill_seconds_per_token=1.0)
     gen = llm.generate({"prompt_token_ids": list(range(100))}, params(), "long")
     pending = await first(llm, gen)
     llm._step(1, 0.0)  # admitted at t=0: ready at t=100
     llm._step(1, 99.0)
-    assert not pending.done() and llm.made == 0
+    assert not pending.done()
+    assert llm.made == 0
     llm._step(1, 100.0)
     assert len((await pending).outputs[0].token_ids) == 1
     await gen.aclose()
@@ -160,7 +167,8 @@ async def test_a_consumer_that_leaves_frees_its_place_and_abort_ends_a_stream(
     pending = await first(llm, kept)
     await llm.abort("kept")
     output = await pending
-    assert output.finished and output.outputs[0].finish_reason == "abort"
+    assert output.finished
+    assert output.outputs[0].finish_reason == "abort"
     assert (llm.running, llm.waiting) == (0, 0)
     await llm.close()
 
@@ -188,12 +196,13 @@ async def test_final_only_and_stream_interval(tokenizer: Any) -> None:
     assert not whole_first.done()
     llm._step(7, 0.0)  # 16 tokens: the whole answer in one output
     output = await whole_first
-    assert output.finished and len(output.outputs[0].token_ids) == 16
+    assert output.finished
+    assert len(output.outputs[0].token_ids) == 16
     await llm.close()
 
 
-async def test_the_real_clock_makes_a_step_every_step_s(tokenizer: Any) -> None:
-    llm = SyntheticLLM(SyntheticSpec(step_s=0.001), tokenizer, max_num_seqs=4)
+async def test_the_real_clock_makes_a_step_every_step_seconds(tokenizer: Any) -> None:
+    llm = SyntheticLLM(SyntheticSettings(step_seconds=0.001), tokenizer, max_num_seqs=4)
     outputs = [
         o async for o in llm.generate({"prompt_token_ids": [3]}, params(ignore_eos=True), "c")
     ]
