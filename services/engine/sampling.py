@@ -15,8 +15,8 @@ from ..errors import InvalidRequest, Violation
 from ..types import Constraint, Sampling
 
 if TYPE_CHECKING:
-    from vllm import SamplingParams
     from vllm.exceptions import VLLMValidationError
+    from vllm.sampling_params import SamplingParams
 
 # where a grammar library's message names its own source: "[06:17:34] /project/cpp/x.cc:83: "
 _SOURCE_PREFIX = re.compile(r"\[\d\d:\d\d:\d\d\] \S+:\d+: ")
@@ -41,9 +41,9 @@ _OPTIONAL = (
 def vllm_sampling(sampling: Sampling, *, final_only: bool = False) -> SamplingParams:
     """The engine's parameters for one request, its output streamed as deltas (``final_only``:
     one output when every sample has ended)."""
-    from vllm import SamplingParams
+    # from vLLM's module, not its package: the package's lazy attributes cost an import a call
     from vllm.exceptions import VLLMValidationError
-    from vllm.sampling_params import RequestOutputKind
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
 
     optional = {name: value for name in _OPTIONAL if (value := getattr(sampling, name)) is not None}
     try:
