@@ -18,10 +18,12 @@ the last two with the synthetic engine in the place of AsyncLLM.generate (bench/
 ``--sizes``: tokens a message (the engine's stream interval; one, then four).
 
 For each message size the servers start together; for each S the contenders take turns (their
-order rotating), each under S closed-loop streams from a load generator in a process of its own
-(bench/frontend_load.py), ``--warmup`` s, then ``--seconds`` s counted. Servers run on CPU 0 and
-the load generator and trace receiver on CPU 1, where there are two: the server's CPU is its own,
-and a load generator that needs all of its core is said to be the limit (``client-bound``).
+order rotating; the others stopped with SIGSTOP meanwhile), each under S closed-loop streams from
+a load generator in a process of its own (bench/frontend_load.py), ``--warmup`` s, then
+``--seconds`` s counted. Servers run on CPU 0 and the load generator and trace receiver on CPU 1,
+where there are two: the server's CPU is its own.
+``client-bound``: the load generator was the limit (it used its whole core, or the server had CPU
+to spare while the engine's rate went unmet).
 
 Printed per contender, S and size: delivered tokens/s against what the engine offered,
 messages/s, tokens a message, the gap between messages (ITL) p50/p99 in engine steps, TTFT
@@ -36,6 +38,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -193,6 +196,13 @@ async def ready(server: Server) -> None:
     raise RuntimeError(f"{server.name} exited:\n{server.log_tail()}")
 
 
+def only(measured: Server, servers: Sequence[Server]) -> None:
+    """The measured server runs; the others (and their engine processes) are stopped meanwhile,
+    so that their idle work takes nothing from its core."""
+    for server in servers:
+        os.killpg(server.process.pid, signal.SIGCONT if server is measured else signal.SIGSTOP)
+
+
 async def load(
     server: Server, streams: int, model: str, args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -242,7 +252,10 @@ def figures(raw: dict[str, Any], streams: int, step_s: float) -> dict[str, Any]:
         "server_cpu_per_1k": raw["server_cpu"] / tokens * 1000 if tokens else float("nan"),
         "server_cpu_share": raw["server_cpu"] / seconds,
         "client_cpu_share": raw["client_cpu"] / seconds,
-        "client_bound": raw["client_cpu"] / seconds > 0.9,
+        # the load generator held the run back: it used its whole core, or the server had CPU
+        # to spare while the engine's rate went unmet (vLLM's OpenAI server under httpx)
+        "client_bound": raw["client_cpu"] / seconds > 0.9
+        or (tokens / seconds < 0.9 * offered and raw["server_cpu"] / seconds < 0.85),
     }
 
 
@@ -342,6 +355,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 for turn, streams in enumerate(args.streams):
                     shift = turn % len(servers)
                     for server in servers[shift:] + servers[:shift]:
+                        only(server, servers)
                         raw = await load(server, streams, model, args)
                         f = figures(raw, streams, args.step_ms / 1000)
                         f.update(contender=server.name, size=size, streams=streams)
@@ -349,6 +363,8 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                         print(row(server.name, size, streams, f), flush=True)
             finally:
                 for server in servers:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(server.process.pid, signal.SIGCONT)
                     await stop(server.process, 60)
                     server.log.close()
     finally:
