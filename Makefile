@@ -144,8 +144,10 @@ endif
 TEXT_ARGS := --cache-policy prompt --loops 2 --warmup 8 --rounds 3 --levels 1 4 16
 ifeq ($(QUICK),1)
 FRONTEND_ARGS := --streams 64 --sizes 1 --seconds 4 --warmup 3 --contenders mmgate,bare
+FRONTEND_PLOT := $(FIGURES)/frontend-capacity-quick.png
 else
 FRONTEND_ARGS :=
+FRONTEND_PLOT := docs/images/frontend-capacity.png
 endif
 
 bench-cache: $(STAMP)
@@ -202,7 +204,7 @@ endif
 # what one server process relays over a synthetic GPU (no CPU): mmgate, the bare grpc.aio
 # limit, vLLM's gRPC and OpenAI servers, each under 64-1,024 streams from its own load process
 bench-frontend: $(STAMP)
-	$(BIN)/python -m bench.frontend $(FRONTEND_ARGS) --json $(FIGURES)/frontend.json --plot docs/images/frontend-capacity.png
+	$(BIN)/python -m bench.frontend $(FRONTEND_ARGS) --json $(FIGURES)/frontend.json --plot $(FRONTEND_PLOT)
 
 bench-observability: $(STAMP)
 	$(BIN)/python -m bench.observability --observe traces
