@@ -4,7 +4,8 @@ protocol.py       Engine: what the pipeline needs of an engine; ServedEngine: wh
                   needs besides; EngineFactory: what MmgateServer takes (tests pass a fake)
 plan.py           EnginePlan: what the engine starts with, decided before it starts
 worker.py         EngineWorker: one vLLM AsyncLLM, start, generate, abort, stats, close
-synthetic.py      SyntheticLLM, SyntheticEngine: a GPU's batching at no CPU, for load tests only
+synthetic.py      SyntheticLLM: AsyncLLM.generate's stand-in, a GPU's batching at no CPU
+synthetic_engine.py  SyntheticEngine: mmgate's ServedEngine over it (load tests only)
 factory.py        configured_engine: vLLM, or the synthetic engine where the settings name it
 outputs.py        vLLM's RequestOutput read once, into EngineDelta
 stats.py          a vLLM stat logger into EngineStats and EngineTokenStats

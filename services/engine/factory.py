@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..config import Settings
 from .protocol import ServedEngine
-from .synthetic import SyntheticEngine
+from .synthetic_engine import SyntheticEngine
 from .worker import vllm_engine
 
 

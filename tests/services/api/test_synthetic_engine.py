@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from services.api.server import MmgateServer
 from services.client import Credentials, MmgateClient
 from services.config import Settings
-from services.engine.synthetic import SyntheticEngine
+from services.engine.synthetic_engine import SyntheticEngine
 from services.observability.tracing import Tracing
 from tests.services.auth.support import TOKEN_GRANTS, TOKENS, write_tokens
 
