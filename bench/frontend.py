@@ -51,13 +51,14 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.config import EngineSettings, Settings, SyntheticSettings
+from services.config import EngineSettings, Settings
 from services.engine.plan import EnginePlan
 from services.engine.worker import EngineWorker
 from services.models import prepare_default_model
 from tests.support import free_port
 
 from .openai_server import server_flags, stop
+from .synthetic_vllm import add_timing_options, timing_of
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_NUM_SEQS = 1024
@@ -127,11 +128,7 @@ def command(
         line = [*python, "bench.frontend_bare", "--port", str(port), "--model", model]
         line += [*timing_flags(args), "--max-num-seqs", str(MAX_NUM_SEQS)]
         return [*line, "--stream-interval", str(size)], {}
-    timing = SyntheticSettings(
-        step_seconds=args.step_ms / 1000,
-        prefill_seconds_per_token=args.prefill_us_per_token / 1e6,
-        answer_tokens=args.answer_tokens,
-    )
+    timing = timing_of(args)
     env = {
         "MMGATE_HOST": "127.0.0.1",
         "MMGATE_PORT": str(port),
@@ -386,9 +383,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sizes", type=numbers, default=[1, 4])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=5.0)
-    parser.add_argument("--step-ms", type=float, default=15.0)
-    parser.add_argument("--prefill-us-per-token", type=float, default=20.0)
-    parser.add_argument("--answer-tokens", type=int, default=128)
+    add_timing_options(parser)
     parser.add_argument("--max-tokens", type=int, default=128, help="every request's, exactly")
     parser.add_argument(
         "--contenders",

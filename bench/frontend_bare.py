@@ -20,17 +20,10 @@ import grpc
 from grpc_health.v1 import health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from services.config import SyntheticSettings
 from services.engine.synthetic import SyntheticLLM
 from services.proto.mmgate.v1 import inference_pb2 as pb
 
-
-def timing_of(args: argparse.Namespace) -> SyntheticSettings:
-    return SyntheticSettings(
-        step_seconds=args.step_ms / 1000,
-        prefill_seconds_per_token=args.prefill_us_per_token / 1e6,
-        answer_tokens=args.answer_tokens,
-    )
+from .synthetic_vllm import add_timing_options, timing_of
 
 
 async def serve_bare(args: argparse.Namespace) -> None:
@@ -91,9 +84,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--model", required=True)
-    parser.add_argument("--step-ms", type=float, default=15.0)
-    parser.add_argument("--prefill-us-per-token", type=float, default=20.0)
-    parser.add_argument("--answer-tokens", type=int, default=128)
+    add_timing_options(parser)
     parser.add_argument("--max-num-seqs", type=int, default=1024)
     parser.add_argument("--stream-interval", type=int, default=1, help="tokens a message")
     args = parser.parse_args()

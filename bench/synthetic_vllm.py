@@ -41,25 +41,34 @@ if TYPE_CHECKING:
 MODULES = ("vllm.entrypoints.launchers.grpc_server", "vllm.entrypoints.openai.api_server")
 
 
+def add_timing_options(parser: argparse.ArgumentParser) -> None:
+    """The synthetic engine's timing as flags: every server of bench/frontend.py takes these."""
+    parser.add_argument("--step-ms", type=float, default=15.0, help="one decode step of the batch")
+    parser.add_argument("--prefill-us-per-token", type=float, default=20.0)
+    parser.add_argument("--answer-tokens", type=int, default=128, help="then end-of-sequence")
+
+
+def timing_of(options: argparse.Namespace) -> SyntheticSettings:
+    """The flags of ``add_timing_options`` as the engine's settings."""
+    return SyntheticSettings(
+        step_seconds=options.step_ms / 1000,
+        prefill_seconds_per_token=options.prefill_us_per_token / 1e6,
+        answer_tokens=options.answer_tokens,
+    )
+
+
 def parse(argv: Sequence[str]) -> tuple[SyntheticSettings, str, list[str]]:
     """The engine's timing, the server's module, and the server's own arguments."""
     parser = argparse.ArgumentParser(
         prog="python -m bench.synthetic_vllm",
         description="Run one of vLLM's servers with a synthetic engine (benchmarks only).",
     )
-    parser.add_argument("--step-ms", type=float, default=15.0, help="one decode step of the batch")
-    parser.add_argument("--prefill-us-per-token", type=float, default=20.0)
-    parser.add_argument("--answer-tokens", type=int, default=128, help="then end-of-sequence")
+    add_timing_options(parser)
     parser.add_argument("module", help=" or ".join(MODULES))
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the server's arguments")
     options = parser.parse_args(argv)
-    timing = SyntheticSettings(
-        step_seconds=options.step_ms / 1000,
-        prefill_seconds_per_token=options.prefill_us_per_token / 1e6,
-        answer_tokens=options.answer_tokens,
-    )
     args = list(options.args)
-    return timing, options.module, args[1:] if args[:1] == ["--"] else args
+    return timing_of(options), options.module, args[1:] if args[:1] == ["--"] else args
 
 
 def install(timing: SyntheticSettings) -> None:

@@ -82,10 +82,10 @@ class _Run:
     __slots__ = (
         "eos_at",
         "event",
+        "final_only",
         "finish",
         "made",
         "offset",
-        "output_kind",
         "prompt_ids",
         "ready_at",
         "request_id",
@@ -97,15 +97,18 @@ class _Run:
     )
 
     def __init__(
-        self, request_id: str, prompt_ids: list[int], params: Any, timing: SyntheticSettings
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: Any,
+        timing: SyntheticSettings,
+        final_only: bool,
     ) -> None:
-        from vllm.sampling_params import RequestOutputKind
-
         self.request_id = request_id
         self.prompt_ids = prompt_ids
         self.samples = max(1, int(params.n or 1))
         self.text = params.detokenize
-        self.output_kind = params.output_kind
+        self.final_only = final_only
         budget = int(params.max_tokens if params.max_tokens is not None else timing.answer_tokens)
         self.eos_at = -1 if params.ignore_eos else max(timing.answer_tokens, params.min_tokens or 0)
         # the answer ends at its end-of-sequence token (included) or at max_tokens
@@ -117,8 +120,6 @@ class _Run:
         self.ready_at = 0.0
         self.finish: str | None = None
         self.event = asyncio.Event()
-        if self.output_kind == RequestOutputKind.CUMULATIVE:
-            raise ValueError("the synthetic engine streams deltas or final outputs only")
 
     def finish_reason(self) -> str:
         return "stop" if self.total == self.eos_at + 1 else "length"
@@ -137,6 +138,15 @@ class SyntheticLLM:
         stream_interval: int = 1,
         on_step: Callable[[int, int, int], None] | None = None,
     ) -> None:
+        # vLLM's output types, imported once the engine is built (not on each output)
+        from vllm.outputs import CompletionOutput, RequestOutput
+        from vllm.sampling_params import RequestOutputKind
+
+        self._completion, self._output, self._kinds = (
+            CompletionOutput,
+            RequestOutput,
+            RequestOutputKind,
+        )
         self.timing = timing
         self.passage = Passage(tokenizer)
         self.max_num_seqs = max_num_seqs
@@ -164,7 +174,11 @@ class SyntheticLLM:
         """Outputs of one request, as vLLM's: DELTA (merged when behind) or FINAL_ONLY."""
         if request_id in self._runs:
             raise ValueError(f"request id {request_id} is already running")
-        run = _Run(request_id, _prompt_ids(prompt), sampling_params, self.timing)
+        kind = sampling_params.output_kind
+        if kind == self._kinds.CUMULATIVE:
+            raise ValueError("the synthetic engine streams deltas or final outputs only")
+        final_only = kind == self._kinds.FINAL_ONLY
+        run = _Run(request_id, _prompt_ids(prompt), sampling_params, self.timing, final_only)
         interval = max(
             self.stream_interval, int(getattr(sampling_params, "stream_interval", 0) or 0)
         )
@@ -238,10 +252,7 @@ class SyntheticLLM:
     # ── outputs ──
     def _take(self, run: _Run, interval: int) -> Any:
         """What the consumer has not had yet, as one RequestOutput (None: nothing to hand)."""
-        from vllm.outputs import CompletionOutput, RequestOutput
-        from vllm.sampling_params import RequestOutputKind
-
-        final_only = run.output_kind == RequestOutputKind.FINAL_ONLY
+        final_only = run.final_only
         if run.finish is None and (final_only or (run.taken and run.unsent < interval)):
             return None  # woken early (an interval set per request, above the engine's)
         start = 0 if final_only else run.taken
@@ -253,7 +264,7 @@ class SyntheticLLM:
         for index in range(run.samples):
             ids, text = self.passage.tokens(run.offset + 7 * index, start, run.made, run.eos_at)
             completions.append(
-                CompletionOutput(
+                self._completion(
                     index=index,
                     text=text if run.text else "",
                     token_ids=ids,
@@ -262,7 +273,7 @@ class SyntheticLLM:
                     finish_reason=run.finish,
                 )
             )
-        return RequestOutput(
+        return self._output(
             run.request_id, None, run.prompt_ids, None, completions, ended, num_cached_tokens=0
         )
 
