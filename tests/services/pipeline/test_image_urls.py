@@ -244,6 +244,11 @@ async def test_a_shared_fetch_lasts_to_its_longest_waiter_not_its_leader(
     with pytest.raises(grpc.aio.AioRpcError) as late:
         await leader
     assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+    async def left() -> bool:  # the server's side of the leader gave up too: its deadline is
+        return server.cache.stats().waiters == 1  # its own, a little after the client's
+
+    await eventually(left, timeout=5.0)
     held.slow.set()  # the host answers only now, past the leader's deadline
     answer = await follower
     assert answer.final.cache.images[0].digest == digest_of(png(3105))
