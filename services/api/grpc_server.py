@@ -37,9 +37,13 @@ def open_services(settings: AuthSettings) -> frozenset[str]:
 
 
 def grpc_server(
-    settings: Settings, interceptors: Sequence[grpc.aio.ServerInterceptor]
+    settings: Settings,
+    interceptors: Sequence[grpc.aio.ServerInterceptor],
+    *,
+    shared_port: bool = False,
 ) -> grpc.aio.Server:
-    """The grpc.aio server, its message limits and connection policy (no port yet)."""
+    """The grpc.aio server, its message limits and connection policy (no port yet);
+    ``shared_port``: one of the edges that listen on the same port (SO_REUSEPORT)."""
     return grpc.aio.server(
         interceptors=interceptors,
         options=[
@@ -47,7 +51,7 @@ def grpc_server(
             # beyond that gRPC itself answers RESOURCE_EXHAUSTED
             ("grpc.max_receive_message_length", 2 * settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_send_bytes),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", int(shared_port)),
             *connection_options(settings.connections),
         ],
     )

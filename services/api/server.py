@@ -20,6 +20,7 @@ import logging
 import signal
 from typing import final
 
+import grpc
 from grpc_health.v1._async import HealthServicer
 
 from ..config import Settings
@@ -48,6 +49,7 @@ from .interceptors.metrics import metrics_interceptors
 from .interceptors.parsing import ParsingInterceptor
 from .interceptors.tracing import tracing_interceptors
 from .quotas import TenantQuotas
+from .relay import Edges, RelayServicer, relay_server, relayed_handlers
 
 log = logging.getLogger("mmgate.server")
 
@@ -115,17 +117,26 @@ class MmgateServer:
         # tracing outermost: its server span covers the metrics interceptor's work too; then
         # the auth gate, whose refusals both see; parsing innermost: a request that is not a
         # message is answered after the caller is known
-        self.server = grpc_server(
-            settings,
-            [
-                *tracing_interceptors(self.tracing),
-                *metrics_interceptors(self.metrics),
-                self.auth,
-                ParsingInterceptor(),
-            ],
-        )
+        interceptors = [
+            *tracing_interceptors(self.tracing),
+            *metrics_interceptors(self.metrics),
+            self.auth,
+            ParsingInterceptor(),
+        ]
+        self.server = grpc_server(settings, interceptors)
         add_services(self.server, self.inference, self.cache_service, self.health)
-        self.port = open_port(self.server, settings, self.tls)
+        # with edges, they hold the port; this server listens on a socket of theirs, and the
+        # relayed calls run through the same interceptors and servicer (services/api/relay)
+        self.edges = Edges(settings) if settings.edges else None
+        self.relay: RelayServicer | None = None
+        self.relay_server: grpc.aio.Server | None = None
+        if self.edges is None:
+            self.port = open_port(self.server, settings, self.tls)
+        else:
+            self.server.add_insecure_port(f"unix:{self.edges.core_socket}")
+            self.relay = RelayServicer(interceptors, relayed_handlers(self.inference))
+            self.relay_server = relay_server(self.relay, self.edges.relay_socket)
+            self.port = self.edges.port
         self._stopping = False
         self._stopped = asyncio.Event()
 
@@ -136,6 +147,9 @@ class MmgateServer:
         self.cache.start()
         await self.monitor.starting()
         await self.server.start()
+        if self.edges is not None and self.relay is not None and self.relay_server is not None:
+            await self.relay_server.start()
+            await self.edges.start(self.relay)
         self.auth.start(settings.auth.reload_seconds)
         if self.metrics.enabled:
             self.metrics.start(self.monitor.heartbeat)
@@ -221,6 +235,11 @@ class MmgateServer:
         # after a drain, a moment first: a stream whose handler has just returned may not have
         # flushed its last messages and status, which a close at once would cut off (the client
         # would see "Stream removed" for a stream mmgate had finished)
+        if self.edges is not None and self.relay_server is not None:
+            # the relayed calls have ended (admission counted them): the edges write their last
+            # messages and go, then the Relay streams end
+            await self.edges.stop(FLUSH_SECONDS)
+            await self.relay_server.stop(0)
         await self.server.stop(FLUSH_SECONDS if drained else 0)
         if self.pipelines.current is not None:
             await self.pipelines.current.close()

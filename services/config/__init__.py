@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .access import (
@@ -121,10 +121,25 @@ class Settings(BaseSettings):
     """Deadline of a call whose client set none: no request waits unbounded."""
     shutdown_grace_seconds: float = Field(10.0, ge=0)
     """On SIGTERM: how long requests in progress may finish before they are cancelled."""
+    edges: int = Field(0, ge=0, le=64)
+    """gRPC edge processes in front of this one (0: this process answers every call). The edges
+    share the port and write the callers' streams, each on a core of its own; this process keeps
+    the cache, the media stage and the engine, and sends each edge its streams' messages once
+    an engine step (docs/architecture.md). Not with mtls or mesh auth: a caller's certificate
+    and address stay at the edge."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Log level of mmgate's own loggers."""
     log_format: Literal["text", "json"] = "text"
     """text, or one JSON object a line; both carry the trace and span ids of the request."""
+
+    @model_validator(mode="after")
+    def _edges_see_no_peer(self) -> Settings:
+        if self.edges and self.auth.mode in ("mtls", "mesh"):
+            raise ValueError(
+                f"edges: {self.auth.mode} auth reads the caller's connection, which stays at "
+                "the edge; run without edges, or with token auth"
+            )
+        return self
 
     @property
     def max_send_bytes(self) -> int:

@@ -1,0 +1,196 @@
+"""A replica's front end on several processes: edges in front of the core, real gRPC all the way
+(the callers' connections, the Unix sockets between the processes), over the synthetic engine."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+import pytest_asyncio
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from services.api.server import MmgateServer
+from services.client import Credentials, MmgateClient, build_request
+from services.config import Settings
+from services.engine.synthetic_engine import SyntheticEngine
+from services.observability.tracing import Tracing
+from services.proto.mmgate.v1 import inference_pb2_grpc
+from tests.services.auth.support import TOKEN_GRANTS, TOKENS, write_tokens
+from tests.support import eventually
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def edged(
+    tiny_model: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[tuple[MmgateServer, InMemorySpanExporter]]:
+    tokens = tmp_path_factory.mktemp("edges") / "tokens.json"
+    write_tokens(tokens, TOKEN_GRANTS)
+    settings = Settings(
+        host="127.0.0.1",
+        port=0,
+        edges=2,
+        auth={"mode": "token", "tokens_file": tokens},
+        metrics={"port": 0},
+        engine={"queue": True, "synthetic": {"step_seconds": 0.005}},
+        health={"loop_block_seconds": 3600},
+    )
+    exporter = InMemorySpanExporter()
+    tracing = Tracing(settings, span_processors=[SimpleSpanProcessor(exporter)], environ={})
+    server = MmgateServer(settings, model=tiny_model, tracing=tracing)
+    await server.start()
+    try:
+        yield server, exporter
+    finally:
+        await server.stop(grace=1)
+
+
+def engine_of(server: MmgateServer) -> SyntheticEngine:
+    assert isinstance(server.engine, SyntheticEngine)
+    return server.engine
+
+
+def client_of(server: MmgateServer, token: str | None = TOKENS["alpha"]) -> MmgateClient:
+    return MmgateClient(
+        f"127.0.0.1:{server.port}", credentials=Credentials(token=token), timeout=30, retries=False
+    )
+
+
+async def test_streams_are_relayed_through_the_edges_and_every_other_call_passes(
+    edged: tuple[MmgateServer, InMemorySpanExporter],
+) -> None:
+    server, exporter = edged
+    assert server.edges is not None
+    assert len(server.edges.pids()) == 2
+    assert server.relay is not None
+    assert server.relay.edges == 2
+    asked = engine_of(server).stats().requests
+    async with client_of(server) as client:
+        messages = [m async for m in client.generate(build_request("hello there", max_tokens=12))]
+        whole = await client.complete("hello there", max_tokens=12)  # passed through
+        info = await client.model_info()
+        health = await client.health()
+    deltas = [m for m in messages if m.HasField("delta")]
+    assert len(deltas) == 12  # a token a step, a message a token
+    assert messages[-1].HasField("final")
+    assert messages[-1].final.usage.completion_tokens == 12
+    assert "".join(d.delta.text for d in deltas) == whole.text
+    assert [(r.stage, r.outcome) for r in messages[-1].final.cache.lookups] == [("prompt", "miss")]
+    assert [(r.stage, r.outcome) for r in whole.final.cache.lookups] == [("prompt", "hit")]
+    assert info.model
+    assert health == 1
+    assert engine_of(server).stats().requests == asked + 2
+    # the relayed call met the core's tracing: its server span and its lookup's
+    names = {span.name for span in exporter.get_finished_spans()}
+    assert {"/mmgate.v1.Inference/Generate", "cache.lookup"} <= names
+
+
+async def test_a_relayed_call_meets_the_auth_gate_and_the_parser(
+    edged: tuple[MmgateServer, InMemorySpanExporter],
+) -> None:
+    server, _ = edged
+    asked = engine_of(server).stats().requests
+    async with client_of(server, "not-a-token") as client:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            async for _ in client.generate(build_request("hello", max_tokens=2)):
+                pass
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    # bytes that are no GenerateRequest: mmgate's words, through the edge
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        garbage = channel.unary_stream("/mmgate.v1.Inference/Generate")
+        metadata = (("authorization", f"Bearer {TOKENS['alpha']}"),)
+        with pytest.raises(grpc.aio.AioRpcError) as unparsed:
+            async for _ in garbage(b"\xff\xff\xff", metadata=metadata, timeout=10):
+                pass
+    assert unparsed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "protobuf" in (unparsed.value.details() or "")
+    assert engine_of(server).stats().requests == asked
+
+
+async def test_a_caller_that_leaves_or_runs_out_of_time_stops_the_engine_request(
+    edged: tuple[MmgateServer, InMemorySpanExporter],
+) -> None:
+    server, _ = edged
+    engine = engine_of(server)
+    aborted = engine.stats().aborted
+    async with client_of(server) as client:
+        stream = client.generate(build_request("a long answer", max_tokens=1000, ignore_eos=True))
+        async for message in stream:
+            if message.HasField("delta"):
+                break
+        await stream.aclose()  # cancels the call at the edge
+
+        async def stopped() -> bool:
+            return engine.stats().aborted == aborted + 1 and engine.stats().running == 0
+
+        await eventually(stopped, timeout=10)
+        with pytest.raises(grpc.aio.AioRpcError) as late:
+            async for _ in client.generate(
+                build_request("a long answer", max_tokens=1000, ignore_eos=True), timeout=0.5
+            ):
+                pass
+    assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+    async def ended() -> bool:
+        return engine.stats().aborted == aborted + 2 and engine.stats().running == 0
+
+    await eventually(ended, timeout=10)
+
+
+async def test_many_streams_at_once_each_get_their_own_tokens(
+    edged: tuple[MmgateServer, InMemorySpanExporter],
+) -> None:
+    server, _ = edged
+
+    async def one(index: int) -> tuple[int, int]:
+        async with client_of(server) as client:  # a connection each: both edges take some
+            count = 0
+            async for message in client.generate(
+                build_request(f"stream {index}", max_tokens=20, ignore_eos=True)
+            ):
+                count += len(message.delta.token_ids)  # merged where the reader fell behind
+                if message.HasField("final"):
+                    return count, message.final.usage.completion_tokens
+        raise AssertionError("no final message")
+
+    results = await asyncio.gather(*(one(i) for i in range(24)))
+    assert results == [(20, 20)] * 24
+
+
+async def test_a_killed_edge_is_started_again_and_the_port_keeps_serving(
+    edged: tuple[MmgateServer, InMemorySpanExporter],
+) -> None:
+    server, _ = edged
+    assert server.edges is not None
+    assert server.relay is not None
+    victim = server.edges.pids()[0]
+    os.kill(victim, signal.SIGKILL)
+
+    async def replaced() -> bool:
+        pids = server.edges.pids() if server.edges is not None else []
+        return victim not in pids and len(pids) == 2 and server.relay.edges == 2  # type: ignore[union-attr]
+
+    await eventually(replaced, timeout=30)
+    for _ in range(6):  # new connections, whichever edge takes them
+        async with client_of(server) as client:
+            answer = await client.complete("still there?", max_tokens=3)
+        assert answer.final.usage.completion_tokens == 3
+
+
+async def test_an_edge_answers_unknown_methods_as_the_core_does(
+    edged: tuple[MmgateServer, InMemorySpanExporter],
+) -> None:
+    server, _ = edged
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        assert stub is not None
+        unknown = channel.unary_unary("/mmgate.v1.Inference/NoSuchMethod")
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await unknown(b"", timeout=10)
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
