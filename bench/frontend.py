@@ -9,7 +9,10 @@ request gets a token every ``--step-ms``, up to 1,024 at once, its text the serv
 (SmolLM2-135M's tokenizer), so the engine makes S / step tokens a second for S streams:
   mmgate            mmgate serve over it (MMGATE_ENGINE__SYNTHETIC), tracing on: every trace
                     exported over OTLP to a receiver in a process of its own (ratio 1.0)
-  mmgate-untraced   the same with no tracing
+  mmgate-edges      the same, traced, with ``--edges`` edge processes in front of its core
+                    (MMGATE_EDGES): its CPU is the core's and the edges' together, the core's
+                    apart in the row's notes (what one core process carries)
+  mmgate-untraced   the same as mmgate with no tracing
   bare              the limit: a grpc.aio servicer of mmgate's Generate that streams the engine's
                     outputs with nothing else (bench/frontend_bare.py), on asyncio as mmgate
   vllm-grpc         vLLM's gRPC servicer (smg-grpc-servicer, as bench/vllm_grpc.py runs it)
@@ -58,14 +61,17 @@ from services.models import prepare_default_model
 from tests.support import free_port
 
 from .openai_server import server_flags, stop
+from .service import session_pids
 from .synthetic_vllm import add_timing_options, timing_of
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_NUM_SEQS = 1024
 START_TIMEOUT = 300.0
-CONTENDERS = ("mmgate", "mmgate-untraced", "bare", "vllm-grpc", "vllm-openai")
+CONTENDERS = ("mmgate", "mmgate-edges", "mmgate-untraced", "bare", "vllm-grpc", "vllm-openai")
+MMGATES = ("mmgate", "mmgate-edges")  # the contenders compared with every other
 PROTOCOL = {
     "mmgate": "mmgate",
+    "mmgate-edges": "mmgate",
     "mmgate-untraced": "mmgate",
     "bare": "mmgate",
     "vllm-grpc": "vllm-grpc",
@@ -139,12 +145,14 @@ def command(
         "MMGATE_MAX_CONCURRENT_REQUESTS": str(4 * MAX_NUM_SEQS),
         "MMGATE_METRICS__PORT": "0",
     }
-    if name == "mmgate":
+    if name in MMGATES:
         env.update(
             MMGATE_TRACING__ENDPOINT=f"127.0.0.1:{args.otlp_port}",
             MMGATE_TRACING__PROTOCOL="grpc",
             MMGATE_TRACING__SAMPLE_RATIO="1.0",
         )
+    if name == "mmgate-edges":
+        env["MMGATE_EDGES"] = str(args.edges)
     return [*python, "services.cli", "serve"], env
 
 
@@ -220,8 +228,9 @@ async def load(
         str(args.warmup),
         "--model",
         model,
-        "--server-pid",
-        str(server.process.pid),
+        # the server's front: with edges, the core and its edges (vLLM's engine core and
+        # workers left out: they are the GPU's, idle here)
+        *(f"--server-pid={pid}" for pid in session_pids(server.process.pid, leaving_out="VLLM::")),
         "--max-tokens",
         str(args.max_tokens),
         cwd=ROOT,
@@ -247,6 +256,7 @@ def figures(raw: dict[str, Any], streams: int, step_s: float) -> dict[str, Any]:
         "itl_p50_steps": raw["itl_p50"] / step_s,
         "itl_p99_steps": raw["itl_p99"] / step_s,
         "server_cpu_per_1k": raw["server_cpu"] / tokens * 1000 if tokens else float("nan"),
+        "core_cpu_per_1k": raw["core_cpu"] / tokens * 1000 if tokens else float("nan"),
         "server_cpu_share": raw["server_cpu"] / seconds,
         "client_cpu_share": raw["client_cpu"] / seconds,
         # the load generator held the run back: it used its whole core, or the server had CPU
@@ -260,6 +270,8 @@ def row(name: str, size: int, streams: int, f: dict[str, Any]) -> str:
     notes = ("  client-bound" if f["client_bound"] else "") + (
         f"  errors {f['errors']}" if f["errors"] else ""
     )
+    if name == "mmgate-edges":  # the core's share of the CPU: what one core process carries
+        notes += f"  core {f['core_cpu_per_1k']:.3f} cpu s/1k"
     return (
         f"{name:<16} {size:>4} {streams:>5} {f['tokens_s']:>9,.0f} {f['offered_tokens_s']:>9,.0f}"
         f" {f['delivered']:>6.2f} {f['messages_s']:>8,.0f} {f['tokens_per_message']:>5.1f}"
@@ -284,17 +296,19 @@ def ratios(results: list[dict[str, Any]]) -> None:
     by = {(r["contender"], r["size"], r["streams"]): r for r in results}
     print("\nmmgate (traced) against each: delivered tokens/s ratio, CPU per 1,000 tokens ratio")
     for (name, size, streams), mine in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][2])):
-        if name != "mmgate":
+        if name not in MMGATES:
             continue
         cells = []
-        for other in CONTENDERS[1:]:
+        for other in CONTENDERS:
             theirs = by.get((other, size, streams))
+            if other == name or (other in MMGATES and name != "mmgate"):
+                continue
             if theirs is not None:
                 cells.append(
                     f"{other}: {mine['tokens_s'] / theirs['tokens_s']:.2f}x tok/s,"
                     f" {mine['server_cpu_per_1k'] / theirs['server_cpu_per_1k']:.2f}x cpu"
                 )
-        print(f"  size {size} S {streams:>4}: " + "; ".join(cells))
+        print(f"  {name:<13} size {size} S {streams:>4}: " + "; ".join(cells))
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
@@ -385,6 +399,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=float, default=5.0)
     add_timing_options(parser)
     parser.add_argument("--max-tokens", type=int, default=128, help="every request's, exactly")
+    parser.add_argument("--edges", type=int, default=2, help="mmgate-edges' edge processes")
     parser.add_argument(
         "--contenders",
         type=lambda text: [name.strip() for name in text.split(",")],

@@ -2,7 +2,7 @@
 its own, printing what it received as one JSON line.
 
     python -m bench.frontend_load --protocol mmgate|vllm-grpc|openai --target HOST:PORT
-        --streams S --seconds D --warmup W --model DIR --server-pid PID
+        --streams S --seconds D --warmup W --model DIR --server-pid PID [--server-pid PID ...]
 
 Each stream sends a request (a new prompt each time, greedy, ``--max-tokens`` exactly) as soon as
 the last one ended, so the engine's batch stays full. Counted over the window after the warm-up:
@@ -187,9 +187,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     stop = window.end
     loops = [asyncio.create_task(stream_loop(i, send, window, stop)) for i in range(args.streams)]
     await asyncio.sleep(max(0.0, window.start - time.perf_counter()))
-    cpu, server_cpu = time.process_time(), process_cpu_seconds(args.server_pid)
+    cpu, server_cpus = time.process_time(), [process_cpu_seconds(p) for p in args.server_pid]
     await asyncio.sleep(max(0.0, window.end - time.perf_counter()))
-    cpu, server_cpu = time.process_time() - cpu, process_cpu_seconds(args.server_pid) - server_cpu
+    cpu = time.process_time() - cpu
+    server_cpus = [
+        process_cpu_seconds(p) - s for p, s in zip(args.server_pid, server_cpus, strict=True)
+    ]
     # the streams end with their current request (their last messages fall outside the window)
     await asyncio.wait(loops, timeout=150)
     return {
@@ -203,7 +206,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "ttft_p50": percentile(window.ttfts, 0.5),
         "ttft_p99": percentile(window.ttfts, 0.99),
         "client_cpu": cpu,
-        "server_cpu": server_cpu,
+        "server_cpu": sum(server_cpus),
+        "core_cpu": server_cpus[0],  # the first process's: with edges, the core's
     }
 
 
@@ -215,7 +219,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--model", required=True)
-    parser.add_argument("--server-pid", type=int, required=True)
+    parser.add_argument(
+        "--server-pid",
+        type=int,
+        action="append",
+        required=True,
+        help="the server's process (its CPU is counted); again for each of its front's others",
+    )
     parser.add_argument("--max-tokens", type=int, default=128)
     args = parser.parse_args()
     print(json.dumps(asyncio.run(run(args))), flush=True)

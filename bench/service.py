@@ -196,6 +196,24 @@ def _stat_fields(pid: int | str) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
+def session_pids(leader: int, *, leaving_out: str) -> list[int]:
+    """The session's processes (a server started in a session of its own, with what it started),
+    the leader first, less those whose command line holds ``leaving_out``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == leader:
+            continue
+        try:
+            if int(_stat_fields(entry.name)[3]) != leader:
+                continue
+            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # gone meanwhile
+        if leaving_out not in line:
+            found.append(int(entry.name))
+    return [leader, *sorted(found)]
+
+
 def process_cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of one process, all its threads, not its children (Linux)."""
     fields = _stat_fields(pid)
