@@ -219,9 +219,14 @@ class RelayServicer(relay_pb2_grpc.RelayServicer):
                 context.set_code(grpc.StatusCode.UNIMPLEMENTED)
                 context.set_details("this method is not relayed")
             else:
-                await _answer(handler, call.request, context)
+                # the caller's deadline, kept here too: an edge's cancellation may never come
+                async with asyncio.timeout(call.timeout_seconds or None):
+                    await _answer(handler, call.request, context)
         except grpc.aio.AbortError:
             pass
+        except TimeoutError:
+            context.set_code(grpc.StatusCode.DEADLINE_EXCEEDED)
+            context.set_details("the call's deadline passed")
         except asyncio.CancelledError:
             return  # the caller left (or its edge did): no end to send
         except Exception as exc:  # ended as gRPC would end it, and logged

@@ -11,16 +11,14 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 import pytest_asyncio
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from services.api.server import MmgateServer
-from services.client import Credentials, MmgateClient, build_request
-from services.config import Settings
+from services.client import build_request
 from services.engine.synthetic_engine import SyntheticEngine
-from services.observability.tracing import Tracing
 from services.proto.mmgate.v1 import inference_pb2_grpc
-from tests.services.auth.support import TOKEN_GRANTS, TOKENS, write_tokens
+from tests.services.api.synthetic_server import client_of, synthetic_server
+from tests.services.auth.support import TOKENS
 from tests.support import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -30,36 +28,15 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 async def edged(
     tiny_model: str, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[tuple[MmgateServer, InMemorySpanExporter]]:
-    tokens = tmp_path_factory.mktemp("edges") / "tokens.json"
-    write_tokens(tokens, TOKEN_GRANTS)
-    settings = Settings(
-        host="127.0.0.1",
-        port=0,
-        edges=2,
-        auth={"mode": "token", "tokens_file": tokens},
-        metrics={"port": 0},
-        engine={"queue": True, "synthetic": {"step_seconds": 0.005}},
-        health={"loop_block_seconds": 3600},
-    )
-    exporter = InMemorySpanExporter()
-    tracing = Tracing(settings, span_processors=[SimpleSpanProcessor(exporter)], environ={})
-    server = MmgateServer(settings, model=tiny_model, tracing=tracing)
-    await server.start()
-    try:
-        yield server, exporter
-    finally:
-        await server.stop(grace=1)
+    async with synthetic_server(
+        tiny_model, tmp_path_factory.mktemp("edged"), step_seconds=0.005, edges=2
+    ) as started:
+        yield started
 
 
 def engine_of(server: MmgateServer) -> SyntheticEngine:
     assert isinstance(server.engine, SyntheticEngine)
     return server.engine
-
-
-def client_of(server: MmgateServer, token: str | None = TOKENS["alpha"]) -> MmgateClient:
-    return MmgateClient(
-        f"127.0.0.1:{server.port}", credentials=Credentials(token=token), timeout=30, retries=False
-    )
 
 
 async def test_streams_are_relayed_through_the_edges_and_every_other_call_passes(

@@ -8,15 +8,12 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 import pytest_asyncio
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from services.api.server import MmgateServer
-from services.client import Credentials, MmgateClient
-from services.config import Settings
 from services.engine.synthetic_engine import SyntheticEngine
-from services.observability.tracing import Tracing
-from tests.services.auth.support import TOKEN_GRANTS, TOKENS, write_tokens
+from tests.services.api.synthetic_server import client_of, synthetic_server
+from tests.services.auth.support import TOKENS
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -25,31 +22,10 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 async def synthetic(
     tiny_model: str, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[tuple[MmgateServer, InMemorySpanExporter]]:
-    tokens = tmp_path_factory.mktemp("synthetic") / "tokens.json"
-    write_tokens(tokens, TOKEN_GRANTS)
-    settings = Settings(
-        host="127.0.0.1",
-        port=0,
-        auth={"mode": "token", "tokens_file": tokens},
-        metrics={"port": 0},
-        # the synthetic engine, as a server's settings name it: a step a millisecond
-        engine={"queue": True, "synthetic": {"step_seconds": 0.001}},
-        health={"loop_block_seconds": 3600},
-    )
-    exporter = InMemorySpanExporter()
-    tracing = Tracing(settings, span_processors=[SimpleSpanProcessor(exporter)], environ={})
-    server = MmgateServer(settings, model=tiny_model, tracing=tracing)
-    await server.start()
-    try:
-        yield server, exporter
-    finally:
-        await server.stop(grace=1)
-
-
-def client_of(server: MmgateServer, token: str | None) -> MmgateClient:
-    return MmgateClient(
-        f"127.0.0.1:{server.port}", credentials=Credentials(token=token), timeout=30, retries=False
-    )
+    async with synthetic_server(
+        tiny_model, tmp_path_factory.mktemp("synthetic"), step_seconds=0.001
+    ) as started:
+        yield started
 
 
 async def test_a_request_runs_through_every_part_to_the_engine_handed_in(
