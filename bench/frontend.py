@@ -12,6 +12,8 @@ request gets a token every ``--step-ms``, up to 1,024 at once, its text the serv
   mmgate-edges      the same, traced, with ``--edges`` edge processes in front of its core
                     (MMGATE_EDGES): its CPU is the core's and the edges' together, the core's
                     apart in the row's notes (what one core process carries)
+  mmgate-edges-ids  the same, sent token ids as vLLM's gRPC servicer is (the chat template
+                    applied by the load generator), not chat turns it renders and tokenizes
   mmgate-untraced   the same as mmgate with no tracing
   bare              the limit: a grpc.aio servicer of mmgate's Generate that streams the engine's
                     outputs with nothing else (bench/frontend_bare.py), on asyncio as mmgate
@@ -67,11 +69,21 @@ from .synthetic_vllm import add_timing_options, timing_of
 ROOT = Path(__file__).resolve().parent.parent
 MAX_NUM_SEQS = 1024
 START_TIMEOUT = 300.0
-CONTENDERS = ("mmgate", "mmgate-edges", "mmgate-untraced", "bare", "vllm-grpc", "vllm-openai")
-MMGATES = ("mmgate", "mmgate-edges")  # the contenders compared with every other
+CONTENDERS = (
+    "mmgate",
+    "mmgate-edges",
+    "mmgate-edges-ids",
+    "mmgate-untraced",
+    "bare",
+    "vllm-grpc",
+    "vllm-openai",
+)
+MMGATES = ("mmgate", "mmgate-edges", "mmgate-edges-ids")  # compared with every other
+EDGED = ("mmgate-edges", "mmgate-edges-ids")
 PROTOCOL = {
     "mmgate": "mmgate",
     "mmgate-edges": "mmgate",
+    "mmgate-edges-ids": "mmgate-ids",
     "mmgate-untraced": "mmgate",
     "bare": "mmgate",
     "vllm-grpc": "vllm-grpc",
@@ -151,7 +163,7 @@ def command(
             MMGATE_TRACING__PROTOCOL="grpc",
             MMGATE_TRACING__SAMPLE_RATIO="1.0",
         )
-    if name == "mmgate-edges":
+    if name in EDGED:
         env["MMGATE_EDGES"] = str(args.edges)
     return [*python, "services.cli", "serve"], env
 
@@ -270,7 +282,7 @@ def row(name: str, size: int, streams: int, f: dict[str, Any]) -> str:
     notes = ("  client-bound" if f["client_bound"] else "") + (
         f"  errors {f['errors']}" if f["errors"] else ""
     )
-    if name == "mmgate-edges":  # the core's share of the CPU: what one core process carries
+    if name in EDGED:  # the core's share of the CPU: what one core process carries
         notes += f"  core {f['core_cpu_per_1k']:.3f} cpu s/1k"
     return (
         f"{name:<16} {size:>4} {streams:>5} {f['tokens_s']:>9,.0f} {f['offered_tokens_s']:>9,.0f}"

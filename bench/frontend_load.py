@@ -1,7 +1,7 @@
 """The load generator of bench/frontend.py: S closed-loop streams at one server, in a process of
 its own, printing what it received as one JSON line.
 
-    python -m bench.frontend_load --protocol mmgate|vllm-grpc|openai --target HOST:PORT
+    python -m bench.frontend_load --protocol mmgate|mmgate-ids|vllm-grpc|openai --target HOST:PORT
         --streams S --seconds D --warmup W --model DIR --server-pid PID [--server-pid PID ...]
 
 Each stream sends a request (a new prompt each time, greedy, ``--max-tokens`` exactly) as soon as
@@ -58,18 +58,29 @@ def prompt(stream: int, n: int) -> str:
 
 
 def mmgate_protocol(
-    target: str, streams: int, model: str, max_tokens: int
+    target: str, streams: int, model: str, max_tokens: int, *, token_ids: bool = False
 ) -> Callable[[int, int], Messages]:
+    """A chat turn a request, which the server renders and tokenizes; or (``token_ids``) the
+    same turn's token ids, as vLLM's gRPC servicer is sent them (eight prompts a stream)."""
     stubs = [
         inference_pb2_grpc.InferenceStub(connection(target))
         for _ in range(-(-streams // STREAMS_PER_CONNECTION))
     ]
+    ids_of = prompt_token_ids(model) if token_ids else None
 
     async def send(stream: int, n: int) -> Messages:
         stub = stubs[stream % len(stubs)]
-        request = build_request(
-            prompt(stream, n), max_tokens=max_tokens, temperature=0.0, ignore_eos=True
-        )
+        if ids_of is None:
+            request = build_request(
+                prompt(stream, n), max_tokens=max_tokens, temperature=0.0, ignore_eos=True
+            )
+        else:
+            request = build_request(
+                token_ids=ids_of(stream, n % 8),
+                max_tokens=max_tokens,
+                temperature=0.0,
+                ignore_eos=True,
+            )
         async for event in stub.Generate(request, timeout=120):
             if event.HasField("delta"):
                 yield len(event.delta.token_ids)
@@ -77,22 +88,30 @@ def mmgate_protocol(
     return send
 
 
+def prompt_token_ids(model: str) -> Callable[[int, int], list[int]]:
+    """A stream's n-th chat turn as token ids (the model's chat template), made once each."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+
+    @functools.cache
+    def token_ids(stream: int, n: int) -> list[int]:
+        return chat_token_ids(tokenizer, prompt(stream, n))
+
+    return token_ids
+
+
 def vllm_grpc_protocol(
     target: str, streams: int, model: str, max_tokens: int
 ) -> Callable[[int, int], Messages]:
     from smg_grpc_proto import vllm_engine_pb2 as pb
     from smg_grpc_proto import vllm_engine_pb2_grpc
-    from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model)
     stubs = [
         vllm_engine_pb2_grpc.VllmEngineStub(connection(target))
         for _ in range(-(-streams // STREAMS_PER_CONNECTION))
     ]
-
-    @functools.cache
-    def token_ids(stream: int, n: int) -> list[int]:
-        return chat_token_ids(tokenizer, prompt(stream, n))
+    token_ids = prompt_token_ids(model)
 
     async def send(stream: int, n: int) -> Messages:
         # this server takes token ids: eight prompts a stream, tokenized once here
@@ -144,7 +163,12 @@ def openai_protocol(
     return send
 
 
-PROTOCOLS = {"mmgate": mmgate_protocol, "vllm-grpc": vllm_grpc_protocol, "openai": openai_protocol}
+PROTOCOLS = {
+    "mmgate": mmgate_protocol,
+    "mmgate-ids": functools.partial(mmgate_protocol, token_ids=True),
+    "vllm-grpc": vllm_grpc_protocol,
+    "openai": openai_protocol,
+}
 
 
 def connection(target: str) -> grpc.aio.Channel:
