@@ -143,7 +143,7 @@ REPEATS_ARGS := --model tiny --requests 150 --runs 3 --servers 2 --interleave --
 endif
 TEXT_ARGS := --cache-policy prompt --loops 2 --warmup 8 --rounds 3 --levels 1 4 16
 ifeq ($(QUICK),1)
-FRONTEND_ARGS := --streams 64 --sizes 1 --seconds 4 --warmup 3 --contenders mmgate,bare
+FRONTEND_ARGS := --streams 64 --sizes 1 --seconds 4 --warmup 3 --contenders mmgate,mmgate-edges,bare
 FRONTEND_PLOT := $(FIGURES)/frontend-capacity-quick.png
 else
 FRONTEND_ARGS :=

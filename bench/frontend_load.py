@@ -163,7 +163,8 @@ def openai_protocol(
     return send
 
 
-PROTOCOLS = {
+Protocol = Callable[[str, int, str, int], Callable[[int, int], Messages]]
+PROTOCOLS: dict[str, Protocol] = {
     "mmgate": mmgate_protocol,
     "mmgate-ids": functools.partial(mmgate_protocol, token_ids=True),
     "vllm-grpc": vllm_grpc_protocol,
