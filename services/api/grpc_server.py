@@ -57,6 +57,19 @@ def grpc_server(
     )
 
 
+def served_methods() -> dict[str, tuple[bool, bool]]:
+    """Every method add_services serves, by full name: (streams requests, streams responses)."""
+    from grpc_reflection.v1alpha import reflection_pb2
+
+    files = (inference_pb2, cache_pb2, health_pb2, reflection_pb2)
+    return {
+        f"/{service.full_name}/{method.name}": (method.client_streaming, method.server_streaming)
+        for file in files
+        for service in file.DESCRIPTOR.services_by_name.values()
+        for method in service.methods
+    }
+
+
 def add_services(
     server: grpc.aio.Server,
     inference: inference_pb2_grpc.InferenceServicer,
@@ -88,4 +101,5 @@ __all__ = [
     "grpc_server",
     "open_port",
     "open_services",
+    "served_methods",
 ]

@@ -3,8 +3,9 @@
     caller ─▶ edge (shares the replica's port: SO_REUSEPORT)
                 ├ Inference/Generate ─▶ CoreLink: RelayedCall on the edge's one Relay stream
                 │     ◀─ RelayDown: every stream's messages of an engine step, written here
-                └ any other method ─▶ passed through to the core's own server (Unix socket),
-                                      bytes, metadata and deadline as the caller sent them
+                └ every other method the core serves ─▶ passed through to the core's own
+                      server (Unix socket) in its own shape: bytes, metadata and deadline as
+                      the caller sent them; a method it does not serve: UNIMPLEMENTED here
 A caller that leaves is a cancelled relayed call in the core (its engine request aborted); a
 core that is gone ends every call UNAVAILABLE and the edge with it.
 
@@ -15,6 +16,7 @@ starts it: services/api/relay/edges.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -30,7 +32,7 @@ from ...observability.logs import configure_logging
 from ...proto.mmgate.v1 import relay_pb2 as relay
 from ...proto.mmgate.v1 import relay_pb2_grpc
 from ..auth import certificate_files
-from ..grpc_server import grpc_server, open_port
+from ..grpc_server import grpc_server, open_port, served_methods
 from .core import UNLIMITED, metadata_of, metadata_pairs
 
 log = logging.getLogger("mmgate.edge")
@@ -142,28 +144,66 @@ class CoreLink:
 
 @final
 class EdgeHandlers(grpc.GenericRpcHandler):
-    """Every method the core serves: Generate relayed, the rest passed through as bytes."""
+    """Every method the core serves: Generate relayed, the rest passed through as bytes, each
+    in its own shape (a unary request read whole before it goes on); any other method is
+    UNIMPLEMENTED here, as the core would answer it."""
 
     def __init__(self, link: CoreLink, core: grpc.aio.Channel) -> None:
         self._link, self._core = link, core
-        self._relayed = {method: self._relaying(method) for method in RELAYED}
+        self._handlers = {
+            method: self._relaying(method) if method in RELAYED else self._passing(method, *shape)
+            for method, shape in served_methods().items()
+        }
 
-    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
-        method: str = details.method
-        if (handler := self._relayed.get(method)) is not None:
-            return handler
-
-        async def passed(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-            async for response in self._pass(method, requests, context):
-                yield response
-
-        return grpc.stream_stream_rpc_method_handler(passed)
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        return self._handlers.get(details.method)
 
     def _relaying(self, method: str) -> grpc.RpcMethodHandler:
         async def relayed(request: bytes, context: grpc.aio.ServicerContext) -> None:
             await self._relay(method, request, context)
 
         return grpc.unary_stream_rpc_method_handler(relayed)
+
+    def _passing(
+        self, method: str, streams_requests: bool, streams_responses: bool
+    ) -> grpc.RpcMethodHandler:
+        core = self._core
+        if not streams_requests and not streams_responses:
+
+            async def unary(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+                async with _status_of(context):
+                    response: bytes = await core.unary_unary(method)(request, **_call(context))
+                    return response
+
+            return grpc.unary_unary_rpc_method_handler(unary)
+        if not streams_requests:
+
+            async def stream(request: bytes, context: grpc.aio.ServicerContext) -> None:
+                call = core.unary_stream(method)(request, **_call(context))
+                try:
+                    async with _status_of(context):
+                        async for response in call:
+                            await context.write(response)
+                finally:
+                    call.cancel()
+
+            return grpc.unary_stream_rpc_method_handler(stream)
+
+        async def both(requests: Any, context: grpc.aio.ServicerContext) -> None:
+            call = core.stream_stream(method)(**_call(context))
+            # the caller's messages written by a task of this call's own, stopped before the
+            # call ends (grpc.aio's own reader of a request iterator outlives a finished call)
+            pumping = asyncio.ensure_future(_pump(requests, call))
+            try:
+                async with _status_of(context):
+                    while (response := await call.read()) is not grpc.aio.EOF:
+                        await context.write(response)
+            finally:
+                pumping.cancel()
+                await asyncio.gather(pumping, return_exceptions=True)
+                call.cancel()
+
+        return grpc.stream_stream_rpc_method_handler(both)
 
     async def _relay(self, method: str, request: bytes, context: grpc.aio.ServicerContext) -> None:
         number, queue = self._link.open(method, request, context)
@@ -186,23 +226,34 @@ class EdgeHandlers(grpc.GenericRpcHandler):
             if not ended:  # the caller left, or its deadline passed: the core stops its work
                 self._link.cancel(number)
 
-    async def _pass(
-        self, method: str, requests: Any, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[bytes]:
-        call = self._core.stream_stream(method)(
-            requests,
-            metadata=forwarded(context.invocation_metadata()),
-            timeout=context.time_remaining(),
+
+def _call(context: grpc.aio.ServicerContext) -> dict[str, Any]:
+    """The caller's metadata and deadline, for the core."""
+    return {
+        "metadata": forwarded(context.invocation_metadata()),
+        "timeout": context.time_remaining(),
+    }
+
+
+@contextlib.asynccontextmanager
+async def _status_of(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+    """The core's status for a passed call is the caller's, details and trailers too."""
+    try:
+        yield
+    except grpc.aio.AioRpcError as error:
+        await context.abort(
+            error.code(), error.details() or "", status_metadata(error.trailing_metadata())
         )
-        try:
-            async for response in call:
-                yield response
-        except grpc.aio.AioRpcError as error:
-            await context.abort(
-                error.code(), error.details() or "", status_metadata(error.trailing_metadata())
-            )
-        finally:
-            call.cancel()
+
+
+async def _pump(requests: AsyncIterator[bytes], call: Any) -> None:
+    """The caller's messages to the core, then the end of them."""
+    try:
+        async for request in requests:
+            await call.write(request)
+        await call.done_writing()
+    except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+        return  # the core's call has ended: its status is the caller's
 
 
 async def run_edge(settings: Settings, relay_socket: str, core_socket: str) -> int:
