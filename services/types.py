@@ -18,6 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, final
 
+# a chat's tools (services/tool_types.py), re-exported with the request they travel in
+from .tool_types import ToolCall, Tools
+
 CachePolicy = Literal["prompt", "response", "bypass"]
 MediaForm = Literal["embeddings", "pixels"]
 ConstraintKind = Literal["json_schema", "regex", "grammar", "choice", "json_object"]
@@ -78,6 +81,8 @@ class Sampling:
 class ChatTurn:
     role: str
     content: str
+    tool_call_id: str = ""  # a "tool" turn: the call it answers
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant turn's calls
 
 
 @final
@@ -111,6 +116,8 @@ class GenerationRequest:
     truncate_prompt_tokens: int | None = None
     # a prompt the caller tokenized: neither rendered nor tokenized here
     token_ids: tuple[int, ...] | None = None
+    # a chat's tools (None: the chat has none, or the input is no chat)
+    tools: Tools | None = None
 
     @property
     def input_field(self) -> str:
@@ -269,6 +276,11 @@ class SampleEnd:
     finish_reason: str | None
     stop_reason: str | int | None
     completion_tokens: int
+    # with tools: the calls read from the sample's text, the text outside them, and why output
+    # that looked like calls was handed back as text
+    tool_calls: tuple[ToolCall, ...] = ()
+    content: str | None = None
+    tool_parse_error: str = ""
 
 
 @final
@@ -344,6 +356,7 @@ class ModelFacts:
     bos_token_id: int | None
     has_chat_template: bool
     structured_output_backend: str = "auto"
+    template_takes_tools: bool = False  # the chat template renders a chat's tools
 
 
 @final
@@ -426,4 +439,6 @@ __all__ = [
     "Sampling",
     "ThreadPoolStats",
     "TokenLogprobs",
+    "ToolCall",
+    "Tools",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 from ..config import Settings
 from ..proto.mmgate.v1 import inference_pb2 as pb
@@ -60,24 +61,35 @@ _DEPTH_OF: dict[str, Callable[[str], int]] = {"regex": regex_depth, "grammar": g
 def _compact_schema(text: str, where: str, max_depth: int, bad: Callable[[str, str], None]) -> str:
     """The schema as compact JSON (one run for the same schema however it is spaced); the order
     of its keys stays, since it is the order of the output's properties."""
-    try:
-        schema = json.loads(text)
-    except RecursionError:
-        bad(where, "is nested too deeply")
-        return text
-    except ValueError as error:
-        bad(where, f"is not JSON: {error}")
-        return text
-    if not isinstance(schema, dict):
-        bad(where, "must be a JSON object (a JSON Schema)")
-        return text
-    if (depth := schema_depth(schema, max_depth)) > max_depth:
-        bad(where, f"nests {depth} levels deep, its patterns included; the limit is {max_depth}")
-        return text
-    if not refs_can_end(schema):
-        bad(where, "refers to itself with no way to end: no finite value matches it")
+    schema = checked_schema(text, where, max_depth, bad)
+    if schema is None:
         return text
     return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
 
 
-__all__ = ["checked_constraint"]
+def checked_schema(
+    text: str, where: str, max_depth: int, bad: Callable[[str, str], None]
+) -> dict[str, Any] | None:
+    """A JSON Schema's text parsed, within the nesting limit, with some finite value matching
+    it; None where it is not (``bad`` was told why)."""
+    try:
+        schema = json.loads(text)
+    except RecursionError:
+        bad(where, "is nested too deeply")
+        return None
+    except ValueError as error:
+        bad(where, f"is not JSON: {error}")
+        return None
+    if not isinstance(schema, dict):
+        bad(where, "must be a JSON object (a JSON Schema)")
+        return None
+    if (depth := schema_depth(schema, max_depth)) > max_depth:
+        bad(where, f"nests {depth} levels deep, its patterns included; the limit is {max_depth}")
+        return None
+    if not refs_can_end(schema):
+        bad(where, "refers to itself with no way to end: no finite value matches it")
+        return None
+    return schema
+
+
+__all__ = ["checked_constraint", "checked_schema"]

@@ -27,6 +27,7 @@ from google.protobuf.message import Message
 from ..config import Settings
 from ..engine.protocol import ServedEngine
 from ..pipeline.generation import Pipeline, PipelineRef
+from ..pipeline.prompts import ToolTemplate
 from ..pipeline.request import Request, loop_deadline
 from ..proto.mmgate.v1 import inference_pb2 as pb
 from ..proto.mmgate.v1 import inference_pb2_grpc
@@ -59,6 +60,7 @@ _FINISH = {
     "stop": pb.FINISH_REASON_STOP,
     "length": pb.FINISH_REASON_LENGTH,
     "abort": pb.FINISH_REASON_ABORT,
+    "tool_calls": pb.FINISH_REASON_TOOL_CALLS,
 }
 
 
@@ -116,7 +118,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     await _fill_final(response.final, event)
                     for end in event.samples:
                         choice = choice_for(end.index)
-                        choice.text = "".join(texts[end.index])
+                        text = "".join(texts[end.index])
+                        # with tools: the text outside the calls
+                        choice.text = (
+                            text
+                            if end.content is None and not end.tool_calls
+                            else (end.content or "")
+                        )
                         choice.end.CopyFrom(_sample_end(end))
         response.choices.sort(key=lambda choice: choice.index)
         if response.choices:
@@ -161,10 +169,16 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 max_choices=settings.max_choices,
                 max_samples=settings.max_samples,
                 max_logprobs=MAX_LOGPROBS,
+                max_tools=settings.max_tools,
+                max_tools_chars=settings.max_tools_chars,
             ),
             adapters=usable(caller, self.engine),
             default_adapter=caller.default_adapter,
             scheduling=scheduling_message(settings.tenants.scheduling_of(caller.tenant)),
+            tool_template=ToolTemplate(settings.engine.tool_template).resolve(
+                facts.template_takes_tools
+            ),
+            tool_parser=settings.engine.tool_parser,
         )
 
     async def LoadAdapter(
@@ -280,6 +294,10 @@ def _sample_end(end: SampleEnd) -> pb.SampleEnd:
         index=end.index,
         finish_reason=_finish(end.finish_reason),
         completion_tokens=end.completion_tokens,
+        tool_calls=[
+            pb.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in end.tool_calls
+        ],
+        tool_parse_error=end.tool_parse_error,
     )
     if isinstance(end.stop_reason, str):
         sample.stop_string = end.stop_reason

@@ -9,6 +9,7 @@ point at its mistake; all problems of a request are reported together.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import uuid
@@ -21,11 +22,20 @@ from ..config import Settings
 from ..errors import InvalidRequest, Violation
 from ..pipeline.media.fetch import url_problem
 from ..proto.mmgate.v1 import inference_pb2 as pb
-from ..types import CachePolicy, ChatTurn, GenerationRequest, ImageInput, Sampling
+from ..tool_types import Tools
+from ..types import (
+    CachePolicy,
+    ChatTurn,
+    Constraint,
+    GenerationRequest,
+    ImageInput,
+    Sampling,
+)
 from ..wire import IMAGE_PLACEHOLDER, MIME_TYPES, is_digest
 from .constraints import checked_constraint
+from .tools import checked_tools, tool_turn_fields
 
-ROLES = frozenset({"system", "user", "assistant"})
+ROLES = frozenset({"system", "user", "assistant", "tool"})
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
 MAX_STOP_CHARS = 256
 MAX_URL_CHARS = 2048  # an image URL's length, as browsers and CDNs keep to
@@ -38,6 +48,10 @@ _NAMED_IDS = 8
 # message, more than gRPC's trailers carry).
 MAX_VIOLATIONS = 16
 MAX_DESCRIPTION_CHARS = 200
+_FORCED_CALLS = (
+    "cannot be combined with chat.tool_choice required or a function: the calls' schema is"
+    " the constraint then"
+)
 
 
 _POLICIES: dict[int, CachePolicy] = {
@@ -87,6 +101,8 @@ def validate(
 
     prompt: str | None = None
     chat: tuple[ChatTurn, ...] | None = None
+    tools: Tools | None = None
+    calls_constraint: Constraint | None = None
     token_ids: tuple[int, ...] | None = None
     kind = request.WhichOneof("input")
     if kind is None:
@@ -114,8 +130,13 @@ def validate(
             )
         else:
             chat = _chat(messages, settings, bad)
+        tools, calls_constraint = checked_tools(request.chat, settings, bad)
 
     sampling, max_tokens_set = _sampling(request, settings, max_model_len, bad)
+    if calls_constraint is not None:
+        if sampling.constraint is not None:
+            bad(f"sampling.{request.sampling.WhichOneof('constraint')}", _FORCED_CALLS)
+        sampling = dataclasses.replace(sampling, constraint=calls_constraint)
     _token_controls(request.sampling, settings, vocab_size, bad)
     truncate: int | None = None
     if request.sampling.HasField("truncate_prompt_tokens"):
@@ -154,26 +175,31 @@ def validate(
         images=tuple(image_input(i, image) for i, image in enumerate(request.images)),
         truncate_prompt_tokens=truncate,
         token_ids=token_ids,
+        tools=tools,
     )
 
 
 def _chat(
     messages: Sequence[pb.ChatMessage], settings: Settings, bad: Callable[[str, str], None]
 ) -> tuple[ChatTurn, ...]:
-    """A chat of a count within the limit: each message's role and content checked."""
+    """A chat of a count within the limit: each message's role, content and calls checked."""
     total = 0
     for i, message in enumerate(messages):
         where = f"chat.messages[{i}]"
         if _has_unknown_fields(message):
-            bad(where, "carries fields this server does not know (only role and content)")
+            bad(where, "carries fields this server does not know")
         if message.role not in ROLES:
             bad(f"{where}.role", f"{message.role!r} is not one of {', '.join(sorted(ROLES))}")
-        if not message.content.strip():
+        if not message.content.strip() and not message.tool_calls:
             bad(f"{where}.content", "must not be empty")
-        total += len(message.content)
+        total += len(message.content) + sum(len(c.arguments) for c in message.tool_calls)
     if total > settings.max_prompt_chars:
         bad("chat.messages", f"{total} characters; the limit is {settings.max_prompt_chars}")
-    return tuple(ChatTurn(m.role, m.content) for m in messages)
+        return ()
+    return tuple(
+        ChatTurn(m.role, m.content, tool_call_id, calls)
+        for m, (tool_call_id, calls) in zip(messages, tool_turn_fields(messages, bad), strict=True)
+    )
 
 
 def _token_ids(

@@ -107,6 +107,12 @@ class Settings(BaseSettings):
     process."""
     max_choices: int = Field(1024, gt=0)
     """Most strings in a request's choice constraint."""
+    max_tools: int = Field(128, gt=0)
+    """Most tools (functions) in one chat, as OpenAI's API allows."""
+    max_tools_chars: int = Field(65_536, gt=0)
+    """Longest tools of one chat (names, descriptions and parameters' schemas together), in
+    characters: the template renders them into the prompt, and "required" or a named function
+    compiles their schemas into a grammar."""
     max_samples: int = Field(8, gt=0)
     """Most samples a request may ask of one prompt (SamplingParams.n): each is a sequence in
     the engine, as a request of its own is."""

@@ -122,6 +122,14 @@ class EngineSettings(BaseModel):
     """The highest rank an adapter may have (vLLM's max_lora_rank: 1, 8, 16, 32, 64, 128, 256,
     320 or 512); unset: the smallest of those that holds every adapter configured at start, and
     at least 16."""
+    tool_template: Literal["auto", "model", "hermes"] = "auto"
+    """How a chat's tools reach the prompt. model: the model's own chat template renders them;
+    hermes: mmgate's ChatML template with Hermes-style <tool_call> tags (for ChatML models whose
+    own template ignores tools, as SmolLM2-135M-Instruct's does); auto: the model's where its
+    template takes tools, else hermes."""
+    tool_parser: str = Field("hermes", pattern=r"^[a-z0-9_]{1,64}$")
+    """vLLM's tool parser that reads a tool_choice "auto" answer's calls (vLLM's names:
+    hermes, llama3_json, mistral, ...): the format the template asks the model to call in."""
     extra: dict[str, Any] = Field(default_factory=dict)
     """Any other vLLM engine argument, as JSON: '{"swap_space": 2}'."""
     synthetic: SyntheticSettings | None = None

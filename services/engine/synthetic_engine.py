@@ -40,6 +40,7 @@ from .progress import Progress
 from .sampling import vllm_sampling
 from .stats import Counters, TokenCounters
 from .synthetic import SyntheticLLM
+from .tools import template_takes_tools
 
 log = logging.getLogger("mmgate.engine")
 
@@ -178,6 +179,7 @@ class SyntheticEngine:
             else (),
             bos_token_id=tokenizer.bos_token_id,
             has_chat_template=getattr(tokenizer, "chat_template", None) is not None,
+            template_takes_tools=template_takes_tools(getattr(tokenizer, "chat_template", None)),
         )
 
     def adapter(self, name: str) -> AdapterRef:

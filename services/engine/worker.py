@@ -47,6 +47,7 @@ from .sampling import refusal, vllm_sampling
 from .stats import Counters, TokenCounters, stats_recorder_factory
 from .tensors import engine_image_data
 from .tokenizers import private_copy
+from .tools import template_takes_tools
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -273,6 +274,7 @@ class EngineWorker:
             eos_token_ids=tuple(sorted(int(i) for i in eos)),
             bos_token_id=tokenizer.bos_token_id,
             has_chat_template=getattr(tokenizer, "chat_template", None) is not None,
+            template_takes_tools=template_takes_tools(getattr(tokenizer, "chat_template", None)),
             structured_output_backend=engine.vllm_config.structured_outputs_config.backend,
         )
 

@@ -26,16 +26,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import AsyncGenerator, Iterator, Mapping
-from typing import final
+from typing import Any, final
 
 from prometheus_client.core import Metric
 
 from ..config import Settings
 from ..engine.protocol import Engine
+from ..engine.tools import AutoCalls
 from ..errors import EngineUnavailable, InvalidRequest
 from ..observability.media_metrics import media_families
 from ..observability.metric_families import info_families
 from ..observability.queue_metrics import QueueStats, queue_families
+from ..tool_types import Tools
 from ..types import (
     AdapterRef,
     EngineDelta,
@@ -52,13 +54,14 @@ from .cache_front import CacheFront
 from .chaos import NoChaos, injector
 from .compiles import CompileGate
 from .media import MediaStage
-from .prompts import PromptStage
+from .prompts import PromptStage, ToolTemplate
 from .queue import EngineQueue
 from .request import MediaCall, Request
 from .responses import SharedResponses
 from .runner import EngineRunner, QueueWait
 from .tenancy import Isolation
 from .threads import ThreadPools
+from .tool_calls import read_calls
 
 
 @final
@@ -88,7 +91,11 @@ class Pipeline:
         self.threads = threads if threads is not None else ThreadPools(settings.threads)
         # faults on purpose (reliability runs only)
         self.chaos = chaos if chaos is not None else injector(settings.chaos)
-        self.prompts = PromptStage(cache, self.threads, engine.tokenizer_copy)
+        self.prompts = PromptStage(
+            cache, self.threads, engine.tokenizer_copy, ToolTemplate(settings.engine.tool_template)
+        )
+        # the tool parser's tokenizer (vLLM's parsers read its vocabulary), made at first use
+        self._parser_tokenizer: Any = None
         # where each tenant's entries live, at every cache level (the engine's included)
         self.isolation = isolation if isolation is not None else Isolation(settings.tenants)
         # the order of runs for the engine's slots, by tenant weight and priority
@@ -172,7 +179,7 @@ class Pipeline:
             run = request.engine_request(prompt.token_ids, sampling, images, final_only=final_only)
             stream = self.runner.run(run, request.tenant)
 
-        tally = Tally(sampling.n)
+        tally = Tally(sampling.n, keep_text=checked.tools is not None)
         compiled = False
         queue_ms = 0.0  # a run joined or replayed waited in no queue for this request
         try:
@@ -197,6 +204,8 @@ class Pipeline:
             if compile_ is not None and not compiled:
                 self.compiles.left(compile_)
         samples = tally.ends()
+        if checked.tools is not None:
+            samples = await self._with_calls(checked.tools, samples, tally)
         yield Finished(
             request_id=checked.request_id,
             model=engine.model_name,
@@ -213,6 +222,32 @@ class Pipeline:
             queue_ms=queue_ms,
             priority=request.priority,
         )
+
+    async def _with_calls(
+        self, tools: Tools, samples: tuple[SampleEnd, ...], tally: Tally
+    ) -> tuple[SampleEnd, ...]:
+        """Each sample's end with the calls read from its text (tool_calls.py)."""
+        auto = None
+        if tools.choice == "auto":
+            if self._parser_tokenizer is None:
+                self._parser_tokenizer = await self.threads.run(
+                    "render", self.engine.tokenizer_copy
+                )
+            auto = AutoCalls(self.settings.engine.tool_parser, self._parser_tokenizer)
+        ends = []
+        for end in samples:
+            reading = read_calls(tools, tally.text(end.index), end.finish_reason, auto)
+            finish = "tool_calls" if reading.calls else end.finish_reason
+            ends.append(
+                dataclasses.replace(
+                    end,
+                    finish_reason=finish,
+                    tool_calls=reading.calls,
+                    content=reading.content,
+                    tool_parse_error=reading.error,
+                )
+            )
+        return tuple(ends)
 
     def collect(self) -> Iterator[Metric]:
         """The model and media mode, the queue's and the media stage's figures (metrics.py)."""
@@ -231,14 +266,19 @@ class Tally:
 
     __slots__ = (
         "_ended",
+        "_texts",
         "_tokens",
         "cached_prompt_tokens",
         "prompt_logprobs",
         "prompt_tokens",
     )
 
-    def __init__(self, samples: int) -> None:
+    def __init__(self, samples: int, *, keep_text: bool = False) -> None:
         self._tokens = dict.fromkeys(range(samples), 0)
+        # each sample's text, where it is read at the end (tool calls)
+        self._texts: dict[int, list[str]] | None = (
+            {index: [] for index in range(samples)} if keep_text else None
+        )
         self._ended: dict[int, EngineDelta] = {}  # each sample's last delta
         self.cached_prompt_tokens = 0  # as the run's latest delta says
         self.prompt_tokens = 0
@@ -251,6 +291,13 @@ class Tally:
         self.prompt_logprobs = delta.prompt_logprobs or self.prompt_logprobs
         if delta.finish_reason is not None:
             self._ended[delta.index] = delta
+        if self._texts is not None and delta.text:
+            self._texts.setdefault(delta.index, []).append(delta.text)
+
+    def text(self, index: int) -> str:
+        """Sample ``index``'s text (kept with ``keep_text``)."""
+        assert self._texts is not None
+        return "".join(self._texts.get(index, ()))
 
     def ends(self) -> tuple[SampleEnd, ...]:
         """Each sample's end, by index (a finish reason None: the run did not end it)."""

@@ -11,28 +11,39 @@ flight: identical prompts arriving together are tokenized once, and again never 
 from __future__ import annotations
 
 import contextlib
+import json
 import queue
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, final
+from dataclasses import astuple, dataclass
+from typing import Any, Literal, final
 
 from cache_actor import Stage
 
+from ..engine.tools import template_takes_tools
 from ..keys import cache_key
 from ..observability.spans import span
-from ..types import GenerationRequest, RenderedPrompt
+from ..types import ChatTurn, GenerationRequest, RenderedPrompt
 from ..wire import IMAGE_PLACEHOLDER
 from .cache_front import CacheFront
 from .request import Request
 from .threads import ThreadPools
+from .tool_template import HERMES_TOOLS_TEMPLATE, template_variables
 
 
 def prompt_payload(request: GenerationRequest) -> Any:
     payload: dict[str, Any]
     if request.chat is not None:
-        turns = [[turn.role, turn.content] for turn in request.chat]
+        turns: list[list[Any]] = []
+        for turn in request.chat:
+            entry: list[Any] = [turn.role, turn.content]
+            if turn.tool_call_id or turn.tool_calls:
+                entry += [turn.tool_call_id, [list(astuple(call)) for call in turn.tool_calls]]
+            turns.append(entry)
         # with images, messages are rendered as content parts: another prompt
         payload = {"chat": turns, "parts": True} if request.images else {"chat": turns}
+        if request.tools is not None and request.tools.tools:
+            payload["tools"] = [list(astuple(tool)) for tool in request.tools.tools]
     else:
         payload = {"prompt": request.prompt}
     if request.truncate_prompt_tokens is not None:
@@ -89,18 +100,73 @@ class RenderTokenizers:
         return self._idle.qsize()
 
 
-def _render(tokenizers: RenderTokenizers, request: GenerationRequest) -> RenderedPrompt:
+def _render(
+    tokenizers: RenderTokenizers, request: GenerationRequest, tool_template: ToolTemplate
+) -> RenderedPrompt:
     with tokenizers.borrowed() as tokenizer:
-        return _render_with(tokenizer, request)
+        return _render_with(tokenizer, request, tool_template)
 
 
-def _render_with(tokenizer: Any, request: GenerationRequest) -> RenderedPrompt:
-    if request.chat is not None:
-        messages: list[dict[str, Any]] = [
-            {"role": t.role, "content": content_parts(t.content) if request.images else t.content}
-            for t in request.chat
+def _message(turn: ChatTurn, parts: bool) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "role": turn.role,
+        "content": content_parts(turn.content) if parts else turn.content,
+    }
+    if turn.tool_call_id:
+        message["tool_call_id"] = turn.tool_call_id
+    if turn.tool_calls:
+        # arguments as an object, as chat templates (and vLLM's server) hand them on
+        message["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": json.loads(call.arguments)},
+            }
+            for call in turn.tool_calls
         ]
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return message
+
+
+def _template_arguments(
+    tokenizer: Any, request: GenerationRequest, tool_template: ToolTemplate
+) -> dict[str, Any]:
+    """The tools and, where the model's template would ignore them, mmgate's template."""
+    tools = request.tools.tools if request.tools is not None else ()
+    assert request.chat is not None
+    with_tools = bool(tools) or any(t.tool_calls or t.role == "tool" for t in request.chat)
+    arguments: dict[str, Any] = {}
+    if tools:
+        arguments["tools"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": tool.name,
+                    "description": tool.description,
+                    "parameters": json.loads(tool.parameters),
+                },
+            }
+            for tool in tools
+        ]
+    if (
+        with_tools
+        and tool_template.resolve(template_takes_tools(tokenizer.chat_template)) == "hermes"
+    ):
+        arguments["chat_template"] = HERMES_TOOLS_TEMPLATE
+        arguments.update(template_variables())
+    return arguments
+
+
+def _render_with(
+    tokenizer: Any, request: GenerationRequest, tool_template: ToolTemplate
+) -> RenderedPrompt:
+    if request.chat is not None:
+        messages = [_message(turn, bool(request.images)) for turn in request.chat]
+        text = tokenizer.apply_chat_template(
+            messages,
+            add_generation_prompt=True,
+            tokenize=False,
+            **_template_arguments(tokenizer, request, tool_template),
+        )
         # the template already holds the special tokens it wants
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     else:
@@ -122,12 +188,29 @@ def tokenized(token_ids: tuple[int, ...], keep: int | None) -> RenderedPrompt:
     return RenderedPrompt(text="", token_ids=token_ids)
 
 
+@final
+@dataclass(frozen=True, slots=True)
+class ToolTemplate:
+    """How a chat with tools is rendered: the setting (engine.tool_template)."""
+
+    setting: Literal["auto", "model", "hermes"] = "auto"
+
+    def resolve(self, model_takes_tools: bool) -> Literal["model", "hermes"]:
+        """The template that renders tools, given whether the model's own takes them."""
+        if self.setting == "auto":
+            return "model" if model_takes_tools else "hermes"
+        return self.setting
+
+
 async def render(
-    tokenizers: RenderTokenizers, request: GenerationRequest, threads: ThreadPools
+    tokenizers: RenderTokenizers,
+    request: GenerationRequest,
+    threads: ThreadPools,
+    tool_template: ToolTemplate = ToolTemplate(),
 ) -> RenderedPrompt:
     """Render and tokenize off the event loop, in the render pool's threads."""
     with span("prompt.render") as current:
-        rendered = await threads.run("render", _render, tokenizers, request)
+        rendered = await threads.run("render", _render, tokenizers, request, tool_template)
         if current is not None:
             current.set_attribute("mmgate.prompt.tokens", len(rendered.token_ids))
         return rendered
@@ -136,11 +219,16 @@ async def render(
 @final
 class PromptStage:
     def __init__(
-        self, cache: CacheFront, threads: ThreadPools, tokenizer_copy: Callable[[], Any]
+        self,
+        cache: CacheFront,
+        threads: ThreadPools,
+        tokenizer_copy: Callable[[], Any],
+        tool_template: ToolTemplate = ToolTemplate(),
     ) -> None:
         self.cache = cache
         self.threads = threads
         self.tokenizers = RenderTokenizers(tokenizer_copy)
+        self.tool_template = tool_template
 
     async def prompt(self, request: Request, model: str) -> RenderedPrompt:
         """The request's prompt: from the cache, or rendered (``bypass``: always rendered)."""
@@ -152,12 +240,12 @@ class PromptStage:
             return tokenized(checked.token_ids, checked.truncate_prompt_tokens)
         key = cache_key(model, Stage.PROMPT, prompt_payload(checked))
         if checked.cache_policy == "bypass":
-            rendered = await render(self.tokenizers, checked, self.threads)
+            rendered = await render(self.tokenizers, checked, self.threads, self.tool_template)
             request.report(Stage.PROMPT, key, None, started)
             return rendered
         lookup = await self.cache.get(
             key,
-            lambda: render(self.tokenizers, checked, self.threads),
+            lambda: render(self.tokenizers, checked, self.threads, self.tool_template),
             tenant=request.tenant,
             timeout=request.left(),
             tier=Stage.PROMPT.tier_use,
@@ -169,6 +257,7 @@ class PromptStage:
 __all__ = [
     "PromptStage",
     "RenderTokenizers",
+    "ToolTemplate",
     "content_parts",
     "prompt_payload",
     "render",

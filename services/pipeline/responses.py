@@ -179,6 +179,10 @@ class SharedResponses:
         if request.adapter is not None:
             # by content: an adapter reloaded under its name with other weights answers anew
             payload["adapter"] = request.adapter.digest
+        tools = request.checked.tools
+        if tools is not None:
+            # the tools are in the prompt already; the choice is how the answer is read
+            payload["tool_choice"] = [tools.choice, tools.function, tools.parallel]
         key = cache_key(self.runner.model_name, Stage.RESPONSE, payload)
         run = request.engine_request(prompt.token_ids, sampling, images)
         tenant = request.tenant

@@ -101,10 +101,10 @@ def test_stop_strings_are_bounded() -> None:
 
 
 def test_unknown_fields_of_chat_messages_are_refused() -> None:
-    # a client built from a newer contract sends field 3 of ChatMessage ("name", say)
+    # a client built from a newer contract sends field 9 of ChatMessage ("name", say)
     known = pb.ChatMessage(role="user", content="hi").SerializeToString()
-    unknown_field_3 = b"\x1a\x04name"
-    message = pb.ChatMessage.FromString(known + unknown_field_3)
+    unknown_field_9 = b"\x4a\x04name"
+    message = pb.ChatMessage.FromString(known + unknown_field_9)
     request = pb.GenerateRequest(chat=pb.Chat(messages=[message]))
     assert fields_of(request) == {"chat.messages[0]"}
 

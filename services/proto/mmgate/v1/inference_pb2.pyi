@@ -7,6 +7,13 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ToolChoiceMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TOOL_CHOICE_MODE_UNSPECIFIED: _ClassVar[ToolChoiceMode]
+    TOOL_CHOICE_MODE_NONE: _ClassVar[ToolChoiceMode]
+    TOOL_CHOICE_MODE_AUTO: _ClassVar[ToolChoiceMode]
+    TOOL_CHOICE_MODE_REQUIRED: _ClassVar[ToolChoiceMode]
+
 class CachePolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     CACHE_POLICY_UNSPECIFIED: _ClassVar[CachePolicy]
@@ -19,6 +26,11 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_STOP: _ClassVar[FinishReason]
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_ABORT: _ClassVar[FinishReason]
+    FINISH_REASON_TOOL_CALLS: _ClassVar[FinishReason]
+TOOL_CHOICE_MODE_UNSPECIFIED: ToolChoiceMode
+TOOL_CHOICE_MODE_NONE: ToolChoiceMode
+TOOL_CHOICE_MODE_AUTO: ToolChoiceMode
+TOOL_CHOICE_MODE_REQUIRED: ToolChoiceMode
 CACHE_POLICY_UNSPECIFIED: CachePolicy
 CACHE_POLICY_RESPONSE: CachePolicy
 CACHE_POLICY_BYPASS: CachePolicy
@@ -26,20 +38,59 @@ FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_ABORT: FinishReason
+FINISH_REASON_TOOL_CALLS: FinishReason
 
 class ChatMessage(_message.Message):
-    __slots__ = ("role", "content")
+    __slots__ = ("role", "content", "tool_call_id", "tool_calls")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     role: str
     content: str
-    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+    tool_call_id: str
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ...) -> None: ...
+
+class Tool(_message.Message):
+    __slots__ = ("name", "description", "parameters")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    parameters: str
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters: _Optional[str] = ...) -> None: ...
+
+class ToolCall(_message.Message):
+    __slots__ = ("id", "name", "arguments")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    arguments: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
+
+class ToolChoice(_message.Message):
+    __slots__ = ("mode", "function")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    mode: ToolChoiceMode
+    function: str
+    def __init__(self, mode: _Optional[_Union[ToolChoiceMode, str]] = ..., function: _Optional[str] = ...) -> None: ...
 
 class Chat(_message.Message):
-    __slots__ = ("messages",)
+    __slots__ = ("messages", "tools", "tool_choice", "parallel_tool_calls")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
+    PARALLEL_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
-    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
+    tools: _containers.RepeatedCompositeFieldContainer[Tool]
+    tool_choice: ToolChoice
+    parallel_tool_calls: bool
+    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "ignore_eos", "stream_interval", "min_tokens", "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens", "logit_bias", "truncate_prompt_tokens", "json_schema", "regex", "grammar", "choice", "json_object", "n", "logprobs", "prompt_logprobs")
@@ -231,18 +282,22 @@ class TokenDelta(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., index: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ...) -> None: ...
 
 class SampleEnd(_message.Message):
-    __slots__ = ("index", "finish_reason", "stop_string", "stop_token_id", "completion_tokens")
+    __slots__ = ("index", "finish_reason", "stop_string", "stop_token_id", "completion_tokens", "tool_calls", "tool_parse_error")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     STOP_STRING_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_PARSE_ERROR_FIELD_NUMBER: _ClassVar[int]
     index: int
     finish_reason: FinishReason
     stop_string: str
     stop_token_id: int
     completion_tokens: int
-    def __init__(self, index: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_string: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    tool_parse_error: str
+    def __init__(self, index: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_string: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_parse_error: _Optional[str] = ...) -> None: ...
 
 class GenerateFinal(_message.Message):
     __slots__ = ("finish_reason", "usage", "cache", "request_id", "model", "samples", "prompt_logprobs", "adapter", "queue_ms", "priority")
@@ -307,7 +362,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model", "max_model_len", "vocab_size", "eos_token_ids", "bos_token_id", "takes_images", "media_mode", "has_chat_template", "limits", "structured_output_backend", "adapters", "default_adapter", "scheduling")
+    __slots__ = ("model", "max_model_len", "vocab_size", "eos_token_ids", "bos_token_id", "takes_images", "media_mode", "has_chat_template", "limits", "structured_output_backend", "adapters", "default_adapter", "scheduling", "tool_template", "tool_parser")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -321,6 +376,8 @@ class ModelInfo(_message.Message):
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_ADAPTER_FIELD_NUMBER: _ClassVar[int]
     SCHEDULING_FIELD_NUMBER: _ClassVar[int]
+    TOOL_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    TOOL_PARSER_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_model_len: int
     vocab_size: int
@@ -334,7 +391,9 @@ class ModelInfo(_message.Message):
     adapters: _containers.RepeatedCompositeFieldContainer[Adapter]
     default_adapter: str
     scheduling: Scheduling
-    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token_id: _Optional[int] = ..., takes_images: _Optional[bool] = ..., media_mode: _Optional[str] = ..., has_chat_template: _Optional[bool] = ..., limits: _Optional[_Union[ModelLimits, _Mapping]] = ..., structured_output_backend: _Optional[str] = ..., adapters: _Optional[_Iterable[_Union[Adapter, _Mapping]]] = ..., default_adapter: _Optional[str] = ..., scheduling: _Optional[_Union[Scheduling, _Mapping]] = ...) -> None: ...
+    tool_template: str
+    tool_parser: str
+    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token_id: _Optional[int] = ..., takes_images: _Optional[bool] = ..., media_mode: _Optional[str] = ..., has_chat_template: _Optional[bool] = ..., limits: _Optional[_Union[ModelLimits, _Mapping]] = ..., structured_output_backend: _Optional[str] = ..., adapters: _Optional[_Iterable[_Union[Adapter, _Mapping]]] = ..., default_adapter: _Optional[str] = ..., scheduling: _Optional[_Union[Scheduling, _Mapping]] = ..., tool_template: _Optional[str] = ..., tool_parser: _Optional[str] = ...) -> None: ...
 
 class Scheduling(_message.Message):
     __slots__ = ("weight", "priority", "min_priority", "max_priority")
@@ -387,7 +446,7 @@ class UnloadAdapterResponse(_message.Message):
     def __init__(self, requests_running: _Optional[int] = ...) -> None: ...
 
 class ModelLimits(_message.Message):
-    __slots__ = ("max_tokens", "max_images", "min_stream_interval", "max_message_bytes", "max_stop_strings", "max_stop_token_ids", "max_logit_bias", "max_constraint_chars", "max_choices", "max_samples", "max_logprobs")
+    __slots__ = ("max_tokens", "max_images", "min_stream_interval", "max_message_bytes", "max_stop_strings", "max_stop_token_ids", "max_logit_bias", "max_constraint_chars", "max_choices", "max_samples", "max_logprobs", "max_tools", "max_tools_chars")
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_IMAGES_FIELD_NUMBER: _ClassVar[int]
     MIN_STREAM_INTERVAL_FIELD_NUMBER: _ClassVar[int]
@@ -399,6 +458,8 @@ class ModelLimits(_message.Message):
     MAX_CHOICES_FIELD_NUMBER: _ClassVar[int]
     MAX_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     MAX_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOOLS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOOLS_CHARS_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     max_images: int
     min_stream_interval: int
@@ -410,4 +471,6 @@ class ModelLimits(_message.Message):
     max_choices: int
     max_samples: int
     max_logprobs: int
-    def __init__(self, max_tokens: _Optional[int] = ..., max_images: _Optional[int] = ..., min_stream_interval: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_stop_strings: _Optional[int] = ..., max_stop_token_ids: _Optional[int] = ..., max_logit_bias: _Optional[int] = ..., max_constraint_chars: _Optional[int] = ..., max_choices: _Optional[int] = ..., max_samples: _Optional[int] = ..., max_logprobs: _Optional[int] = ...) -> None: ...
+    max_tools: int
+    max_tools_chars: int
+    def __init__(self, max_tokens: _Optional[int] = ..., max_images: _Optional[int] = ..., min_stream_interval: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_stop_strings: _Optional[int] = ..., max_stop_token_ids: _Optional[int] = ..., max_logit_bias: _Optional[int] = ..., max_constraint_chars: _Optional[int] = ..., max_choices: _Optional[int] = ..., max_samples: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., max_tools: _Optional[int] = ..., max_tools_chars: _Optional[int] = ...) -> None: ...
