@@ -22,6 +22,17 @@ request with the bytes, once:
                               │                                                │ forget the digests
                               └── none held ──────► sent as built ◄────────────┘ (once)
 
+Tools: a Python function is a tool (its signature the parameters' schema); an answer's calls
+come back per sample, each checked against its function's schema, and go back with their
+results for the model's next turn:
+
+    answer = await client.complete("Weather in Oslo?", tools=[get_weather], tool_choice="required")
+    calls = answer.choices[0].end.tool_calls
+    results = [tool_result(c.id, get_weather(**json.loads(c.arguments))) for c in calls]
+    final = await client.complete(
+        messages=[("user", "Weather in Oslo?"), calls_turn(calls), *results], tools=[get_weather]
+    )
+
 Credentials (docs/security.md, docs/clients.md): a bearer token, TLS with the server's CA, a
 client certificate:
 
@@ -45,6 +56,7 @@ from .requests import (
     image_not_found,
 )
 from .sync import SyncClient
+from .tools import as_tool, calls_turn, tool_choice, tool_from_function, tool_result
 
 __all__ = [
     "CACHE_POLICIES",
@@ -54,8 +66,13 @@ __all__ = [
     "HeldImages",
     "MmgateClient",
     "SyncClient",
+    "as_tool",
     "build_request",
+    "calls_turn",
     "digest_of",
     "error_reason",
     "image_not_found",
+    "tool_choice",
+    "tool_from_function",
+    "tool_result",
 ]

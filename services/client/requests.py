@@ -23,6 +23,8 @@ from ..wire import (
     digest_of,
     is_digest,
 )
+from .tools import ToolLike, as_tool
+from .tools import tool_choice as choice_of
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 CACHE_POLICIES = {
@@ -39,7 +41,7 @@ HELD_DIGESTS = 4096
 def build_request(
     prompt: str | None = None,
     *,
-    messages: Sequence[tuple[str, str]] | None = None,
+    messages: Sequence[tuple[str, str] | inference_pb2.ChatMessage] | None = None,
     images: Sequence[bytes | str] = (),
     raw: bool = False,
     request_id: str = "",
@@ -47,6 +49,9 @@ def build_request(
     token_ids: Sequence[int] | None = None,
     adapter: str = "",
     priority: int | None = None,
+    tools: Sequence[ToolLike] = (),
+    tool_choice: str | None = None,
+    parallel_tool_calls: bool | None = None,
     **sampling: Any,
 ) -> inference_pb2.GenerateRequest:
     """A GenerateRequest; ``sampling`` takes SamplingParams' fields (max_tokens, temperature,
@@ -57,7 +62,12 @@ def build_request(
     The input: ``prompt`` (chat-rendered unless ``raw``), ``messages``, or ``token_ids`` (a
     prompt tokenized with the served model's tokenizer). One constraint at most:
     ``json_schema`` (JSON text or a dict), ``regex``, ``grammar``, ``choice`` (a list of
-    strings) or ``json_object=True``."""
+    strings) or ``json_object=True``.
+
+    A chat's tools (tools.py): ``tools`` (Tool messages, Python functions, or mappings of
+    name, description and parameters), ``tool_choice`` ("none", "auto", "required" or a
+    function's name) and ``parallel_tool_calls``; ``messages`` may hold ChatMessages (a
+    ``calls_turn``, a ``tool_result``) beside (role, content) pairs."""
     fields = {k: v for k, v in sampling.items() if v is not None}
     if isinstance(fields.get("json_schema"), Mapping):
         fields["json_schema"] = json.dumps(fields["json_schema"])
@@ -74,17 +84,29 @@ def build_request(
     if token_ids is not None:
         request.token_ids.ids.extend(token_ids)
         return request
-    texts = [prompt or ""] + [content for _, content in messages or ()]
+    turns = [
+        turn if isinstance(turn, inference_pb2.ChatMessage) else _turn(*turn)
+        for turn in messages or ()
+    ]
+    texts = [prompt or ""] + [turn.content for turn in turns]
     if images and prompt is not None and not any(IMAGE_PLACEHOLDER in t for t in texts):
         prompt = IMAGE_PLACEHOLDER * len(images) + "\n" + prompt
     if raw:
         request.prompt = prompt or ""
     else:
-        turns = list(messages or []) + ([("user", prompt)] if prompt is not None else [])
         request.chat.messages.extend(
-            inference_pb2.ChatMessage(role=role, content=content) for role, content in turns
+            turns + ([_turn("user", prompt)] if prompt is not None else [])
         )
+        request.chat.tools.extend(as_tool(tool) for tool in tools)
+        if tool_choice is not None:
+            request.chat.tool_choice.CopyFrom(choice_of(tool_choice))
+        if parallel_tool_calls is not None:
+            request.chat.parallel_tool_calls = parallel_tool_calls
     return request
+
+
+def _turn(role: str, content: str) -> inference_pb2.ChatMessage:
+    return inference_pb2.ChatMessage(role=role, content=content)
 
 
 def _image(image: bytes | str) -> inference_pb2.Image:
