@@ -37,6 +37,7 @@ from ..errors import EngineUnavailable, InvalidRequest
 from ..observability.media_metrics import media_families
 from ..observability.metric_families import info_families
 from ..observability.queue_metrics import QueueStats, queue_families
+from ..observability.spans import span
 from ..tool_types import Tools
 from ..types import (
     AdapterRef,
@@ -235,8 +236,15 @@ class Pipeline:
                 )
             auto = AutoCalls(self.settings.engine.tool_parser, self._parser_tokenizer)
         ends = []
-        for end in samples:
-            reading = read_calls(tools, tally.text(end.index), end.finish_reason, auto)
+        with span("tools.read", {"mmgate.tools.choice": tools.choice}) as traced:
+            readings = [
+                read_calls(tools, tally.text(end.index), end.finish_reason, auto)
+                for end in samples
+            ]
+            if traced is not None:  # how many, never what: arguments are the caller's data
+                traced.set_attribute("mmgate.tools.calls", sum(len(r.calls) for r in readings))
+                traced.set_attribute("mmgate.tools.unread", sum(bool(r.error) for r in readings))
+        for end, reading in zip(samples, readings, strict=True):
             finish = "tool_calls" if reading.calls else end.finish_reason
             ends.append(
                 dataclasses.replace(

@@ -3,6 +3,7 @@ metrics in front of the synthetic engine (services/engine/synthetic.py), no vLLM
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
 import grpc
@@ -12,6 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from services.api.server import MmgateServer
 from services.engine.synthetic_engine import SyntheticEngine
+from services.proto.mmgate.v1 import inference_pb2 as pb
 from tests.services.api.synthetic_server import client_of, synthetic_server
 from tests.services.auth.support import TOKENS
 
@@ -74,3 +76,36 @@ async def test_the_scrape_reads_the_engine_handed_in(
     }
     assert ready["mmgate_engine_ready"] == 1.0
     assert ready["mmgate_actor_entries"] >= 1
+
+
+async def test_reading_tool_calls_is_traced_by_choice_and_count_never_by_content(
+    synthetic: tuple[MmgateServer, InMemorySpanExporter],
+) -> None:
+    server, exporter = synthetic
+    secret = "schema-text-7f3a"
+    tool = pb.Tool(
+        name="lookup",
+        description=secret,
+        parameters=json.dumps({"type": "object", "properties": {secret: {"type": "string"}}}),
+    )
+    exporter.clear()
+    async with client_of(server, TOKENS["alpha"]) as client:
+        # the synthetic engine writes its fixed text and enforces no constraint: "auto" finds
+        # no call in it, "required" finds text where the calls' JSON should be
+        auto = await client.complete("look it up", tools=[tool], max_tokens=8)
+        forced = await client.complete(
+            "look it up", tools=[tool], tool_choice="required", max_tokens=8
+        )
+    assert auto.choices[0].end.tool_calls == []
+    assert auto.choices[0].end.tool_parse_error == ""
+    assert auto.choices[0].text == auto.text
+    assert forced.choices[0].end.tool_calls == []
+    assert "not the calls' JSON" in forced.choices[0].end.tool_parse_error
+    assert forced.final.finish_reason == pb.FINISH_REASON_LENGTH
+    read = [span for span in exporter.get_finished_spans() if span.name == "tools.read"]
+    assert [dict(span.attributes or {}) for span in read] == [
+        {"mmgate.tools.choice": "auto", "mmgate.tools.calls": 0, "mmgate.tools.unread": 0},
+        {"mmgate.tools.choice": "required", "mmgate.tools.calls": 0, "mmgate.tools.unread": 1},
+    ]
+    for span in exporter.get_finished_spans():
+        assert secret not in json.dumps(dict(span.attributes or {}))
