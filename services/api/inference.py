@@ -171,6 +171,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 max_logprobs=MAX_LOGPROBS,
                 max_tools=settings.max_tools,
                 max_tools_chars=settings.max_tools_chars,
+                max_tool_calls=settings.max_tool_calls,
             ),
             adapters=usable(caller, self.engine),
             default_adapter=caller.default_adapter,

@@ -132,11 +132,16 @@ def _parameters(
 
 
 def tool_turn_fields(
-    messages: Sequence[pb.ChatMessage], bad: Callable[[str, str], None]
+    messages: Sequence[pb.ChatMessage], settings: Settings, bad: Callable[[str, str], None]
 ) -> list[tuple[str, tuple[ToolCall, ...]]]:
     """Each message's tool_call_id and calls, checked: a call's id unique and its arguments a
     JSON object; a "tool" turn answering a call an earlier turn made; an assistant's alone
     making calls."""
+    count = sum(len(message.tool_calls) for message in messages)
+    if count > settings.max_tool_calls:
+        # counted before any call is read: a million empty calls fit in a 4 MiB message
+        bad("chat.messages", f"{count} tool calls; the limit is {settings.max_tool_calls}")
+        return [("", ())] * len(messages)
     made: set[str] = set()
     fields: list[tuple[str, tuple[ToolCall, ...]]] = []
     for i, message in enumerate(messages):

@@ -198,7 +198,9 @@ def _chat(
         return ()
     return tuple(
         ChatTurn(m.role, m.content, tool_call_id, calls)
-        for m, (tool_call_id, calls) in zip(messages, tool_turn_fields(messages, bad), strict=True)
+        for m, (tool_call_id, calls) in zip(
+            messages, tool_turn_fields(messages, settings, bad), strict=True
+        )
     )
 
 

@@ -109,6 +109,8 @@ class Settings(BaseSettings):
     """Most strings in a request's choice constraint."""
     max_tools: int = Field(128, gt=0)
     """Most tools (functions) in one chat, as OpenAI's API allows."""
+    max_tool_calls: int = Field(256, gt=0)
+    """Most tool calls in a chat's assistant turns together (each is checked and rendered)."""
     max_tools_chars: int = Field(65_536, gt=0)
     """Longest tools of one chat (names, descriptions and parameters' schemas together), in
     characters: the template renders them into the prompt, and "required" or a named function

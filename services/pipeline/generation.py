@@ -238,8 +238,7 @@ class Pipeline:
         ends = []
         with span("tools.read", {"mmgate.tools.choice": tools.choice}) as traced:
             readings = [
-                read_calls(tools, tally.text(end.index), end.finish_reason, auto)
-                for end in samples
+                read_calls(tools, tally.text(end.index), end.finish_reason, auto) for end in samples
             ]
             if traced is not None:  # how many, never what: arguments are the caller's data
                 traced.set_attribute("mmgate.tools.calls", sum(len(r.calls) for r in readings))

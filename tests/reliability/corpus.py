@@ -38,6 +38,10 @@ URLS = [
     "https://127.0.0.1:99999/x.png",
     "",
 ]
+DEEP_SCHEMA = '{"type":"object","properties":{"a":' + '{"items":' * 6000 + "{}" + "}" * 6002
+BACKTRACKING_SCHEMA = json.dumps(
+    {"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a|aa)+$"}}}
+)
 # a refusal's message: bounded whatever the request holds (gRPC carries 8 KiB of metadata)
 MAX_DETAILS = 4096
 
@@ -301,6 +305,70 @@ CASES: dict[str, tuple[Callable[[], pb.GenerateRequest], str, str | None]] = {
         "INVALID_ARGUMENT",
         "images[0].url",
     ),
+    "300,000 tools": (lambda: many_tools(300_000), "INVALID_ARGUMENT", "chat.tools"),
+    "300,000 tool calls in one turn": (
+        lambda: many_calls(300_000),
+        "INVALID_ARGUMENT",
+        "chat.messages",
+    ),
+    "a tool schema nested 6,000 deep": (
+        lambda: with_tools(pb.Tool(name="t", parameters=DEEP_SCHEMA)),
+        "INVALID_ARGUMENT",
+        "chat.tools[0].parameters",
+    ),
+    "a tool schema with no end": (
+        lambda: with_tools(
+            pb.Tool(name="t", parameters=json.dumps({"type": "object", **REF_CYCLE}))
+        ),
+        "INVALID_ARGUMENT",
+        "chat.tools[0].parameters",
+    ),
+    "a tool schema that is no JSON Schema": (
+        lambda: with_tools(pb.Tool(name="t", parameters='{"type": "object", "required": 3}')),
+        "INVALID_ARGUMENT",
+        "chat.tools[0].parameters",
+    ),
+    "two tools of one name": (
+        lambda: with_tools(pb.Tool(name="t"), pb.Tool(name="t")),
+        "INVALID_ARGUMENT",
+        "chat.tools[1].name",
+    ),
+    "a named function not among the tools": (
+        lambda: with_tools(pb.Tool(name="t"), choice=pb.ToolChoice(function="u")),
+        "INVALID_ARGUMENT",
+        "chat.tool_choice.function",
+    ),
+    "a tool turn answering no call": (
+        lambda: with_tools(
+            pb.Tool(name="t"),
+            turns=[pb.ChatMessage(role="tool", content="42", tool_call_id="call-1")],
+        ),
+        "INVALID_ARGUMENT",
+        "chat.messages[1].tool_call_id",
+    ),
+    "call arguments nested 100,000 deep": (
+        lambda: with_tools(
+            pb.Tool(name="t"),
+            turns=[
+                pb.ChatMessage(
+                    role="assistant",
+                    tool_calls=[pb.ToolCall(id="c", name="t", arguments="[" * 100_000)],
+                )
+            ],
+        ),
+        "INVALID_ARGUMENT",
+        "chat.messages[1].tool_calls[0].arguments",
+    ),
+    # a pattern that backtracks without end: the engine's grammar takes it, mmgate's check of
+    # the calls bounds its match in time; the answer is calls, or text saying why not
+    "a required call under a pattern that backtracks": (
+        lambda: with_tools(
+            pb.Tool(name="t", parameters=BACKTRACKING_SCHEMA),
+            choice=pb.ToolChoice(mode=pb.TOOL_CHOICE_MODE_REQUIRED),
+        ),
+        "OK",
+        None,
+    ),
     "9 MiB message (twice the limit)": (
         lambda: build_request("z" * (9 * MiB), max_tokens=1),
         "RESOURCE_EXHAUSTED",
@@ -313,6 +381,34 @@ def many_messages(count: int) -> pb.GenerateRequest:
     """A chat of ``count`` messages, made from the wire bytes of one (fast to build)."""
     one = pb.Chat(messages=[pb.ChatMessage(role="user", content="hi")]).SerializeToString()
     return pb.GenerateRequest(chat=pb.Chat.FromString(one * count))
+
+
+def with_tools(
+    *tools: pb.Tool,
+    choice: pb.ToolChoice | None = None,
+    turns: list[pb.ChatMessage] | None = None,
+) -> pb.GenerateRequest:
+    request = build_request("Call a tool.", max_tokens=16, tools=tools)
+    request.chat.messages.extend(turns or [])
+    if choice is not None:
+        request.chat.tool_choice.CopyFrom(choice)
+    return request
+
+
+def many_tools(count: int) -> pb.GenerateRequest:
+    """A chat with ``count`` tools, made from the wire bytes of one."""
+    one = pb.Chat(tools=[pb.Tool(name="t")]).SerializeToString()
+    request = build_request("Call a tool.", max_tokens=1)
+    request.chat.MergeFrom(pb.Chat.FromString(one * count))
+    return request
+
+
+def many_calls(count: int) -> pb.GenerateRequest:
+    """An assistant turn of ``count`` calls, made from the wire bytes of one."""
+    one = pb.ChatMessage(tool_calls=[pb.ToolCall(id="c", name="t")]).SerializeToString()
+    turn = pb.ChatMessage.FromString(one * count)
+    turn.role = "assistant"
+    return with_tools(pb.Tool(name="t"), turns=[turn])
 
 
 def with_image(request: pb.GenerateRequest) -> pb.GenerateRequest:

@@ -114,8 +114,52 @@ sampling = st.fixed_dictionaries(
 )
 
 
+# tools: names, schemas and choices of every shape, and turns that make and answer calls
+schemas = st.one_of(
+    st.text(max_size=60),
+    st.sampled_from(
+        [
+            "",
+            "{}",
+            '{"type":"object"}',
+            '{"type":"array"}',
+            json.dumps({"type": "object", **REF_CYCLE}),
+        ]
+    ),
+    st.integers(1, 3000).map(
+        lambda depth: (
+            '{"type":"object","properties":{"a":' + '{"items":' * depth + "{}" + "}" * (depth + 2)
+        )
+    ),
+)
+tool_names = st.one_of(st.sampled_from(["get_weather", "t", ""]), st.text(max_size=70))
+calls = st.builds(
+    pb.ToolCall, id=st.text(max_size=10), name=tool_names, arguments=st.text(max_size=40)
+)
+turns = st.builds(
+    pb.ChatMessage,
+    role=st.sampled_from(["user", "assistant", "tool", "system", "robot"]),
+    content=st.text(max_size=40),
+    tool_call_id=st.text(max_size=10),
+    tool_calls=st.lists(calls, max_size=3),
+)
+chats = st.builds(
+    pb.Chat,
+    messages=st.lists(turns, min_size=1, max_size=4),
+    tools=st.lists(
+        st.builds(pb.Tool, name=tool_names, description=st.text(max_size=20), parameters=schemas),
+        max_size=4,
+    ),
+    tool_choice=st.one_of(
+        st.builds(pb.ToolChoice, mode=st.integers(0, 5)),
+        st.builds(pb.ToolChoice, function=tool_names),
+    ),
+    parallel_tool_calls=st.booleans(),
+)
+
+
 def generated(
-    prompt: str | list[int],
+    prompt: str | list[int] | pb.Chat,
     values: dict[str, object],
     images: list[pb.Image],
     request_id: str,
@@ -131,6 +175,8 @@ def generated(
     )
     if isinstance(prompt, str):
         request.prompt = prompt
+    elif isinstance(prompt, pb.Chat):
+        request.chat.CopyFrom(prompt)
     else:
         request.token_ids.ids.extend(prompt)
     return request
@@ -138,7 +184,7 @@ def generated(
 
 requests = st.builds(
     generated,
-    st.one_of(st.text(max_size=200), st.lists(st.integers(0, 2**32 - 1), max_size=20)),
+    st.one_of(st.text(max_size=200), st.lists(st.integers(0, 2**32 - 1), max_size=20), chats),
     sampling,
     st.lists(images, max_size=3),
     st.text(max_size=40),

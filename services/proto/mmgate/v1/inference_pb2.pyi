@@ -446,7 +446,7 @@ class UnloadAdapterResponse(_message.Message):
     def __init__(self, requests_running: _Optional[int] = ...) -> None: ...
 
 class ModelLimits(_message.Message):
-    __slots__ = ("max_tokens", "max_images", "min_stream_interval", "max_message_bytes", "max_stop_strings", "max_stop_token_ids", "max_logit_bias", "max_constraint_chars", "max_choices", "max_samples", "max_logprobs", "max_tools", "max_tools_chars")
+    __slots__ = ("max_tokens", "max_images", "min_stream_interval", "max_message_bytes", "max_stop_strings", "max_stop_token_ids", "max_logit_bias", "max_constraint_chars", "max_choices", "max_samples", "max_logprobs", "max_tools", "max_tools_chars", "max_tool_calls")
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_IMAGES_FIELD_NUMBER: _ClassVar[int]
     MIN_STREAM_INTERVAL_FIELD_NUMBER: _ClassVar[int]
@@ -460,6 +460,7 @@ class ModelLimits(_message.Message):
     MAX_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOOLS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOOLS_CHARS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     max_images: int
     min_stream_interval: int
@@ -473,4 +474,5 @@ class ModelLimits(_message.Message):
     max_logprobs: int
     max_tools: int
     max_tools_chars: int
-    def __init__(self, max_tokens: _Optional[int] = ..., max_images: _Optional[int] = ..., min_stream_interval: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_stop_strings: _Optional[int] = ..., max_stop_token_ids: _Optional[int] = ..., max_logit_bias: _Optional[int] = ..., max_constraint_chars: _Optional[int] = ..., max_choices: _Optional[int] = ..., max_samples: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., max_tools: _Optional[int] = ..., max_tools_chars: _Optional[int] = ...) -> None: ...
+    max_tool_calls: int
+    def __init__(self, max_tokens: _Optional[int] = ..., max_images: _Optional[int] = ..., min_stream_interval: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_stop_strings: _Optional[int] = ..., max_stop_token_ids: _Optional[int] = ..., max_logit_bias: _Optional[int] = ..., max_constraint_chars: _Optional[int] = ..., max_choices: _Optional[int] = ..., max_samples: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., max_tools: _Optional[int] = ..., max_tools_chars: _Optional[int] = ..., max_tool_calls: _Optional[int] = ...) -> None: ...
