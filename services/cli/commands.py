@@ -6,6 +6,7 @@ mmgate generate "What is in the picture?" --image photo.jpg   (a vision model)
 mmgate generate "What is in the picture?" --image-url https://cdn.example.com/photo.jpg
 mmgate generate "Summarise the ticket" --adapter support    (a LoRA adapter the caller may use)
 mmgate generate "Tag this" --priority 10                      (lower is more urgent)
+mmgate generate "Weather in Oslo?" --tool weather.json --tool-choice required  (tool calls)
 mmgate stats [--target HOST:PORT] [--watch [SECONDS] [--count N]]
 mmgate cache watch [--stage S] [--of TENANT | --all-tenants] [--since SEQ] [--count N | --snapshot]
 mmgate bench [--concurrency N | --rate R] (--requests N | --duration S) [--json F] [--plot F]
@@ -22,11 +23,13 @@ import argparse
 import asyncio
 import contextlib
 import faulthandler
+import json
 import signal
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -81,6 +84,8 @@ async def _generate(args: argparse.Namespace) -> int:
         "logprobs": args.logprobs,
         "adapter": args.adapter or "",
         "priority": args.priority,
+        "tools": args.tools,
+        "tool_choice": args.tool_choice,
     }
     async with MmgateClient(
         args.target,
@@ -99,11 +104,22 @@ async def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tools_in(path: Path) -> list[dict[str, Any]]:
+    """The tools of a JSON file: one, or a list; each as mmgate's fields or OpenAI's form."""
+    loaded = json.loads(path.read_text("utf-8"))
+    tools = loaded if isinstance(loaded, list) else [loaded]
+    return [tool.get("function", tool) if isinstance(tool, dict) else tool for tool in tools]
+
+
 def _choices(response: inference_pb2.CompleteResponse, *, several: bool) -> str:
     """Each sample's text (numbered when several), each token's log-probability when asked."""
     lines: list[str] = []
     for choice in response.choices:
         lines.append(f"[{choice.index}] {choice.text}" if several else choice.text)
+        for call in choice.end.tool_calls:
+            lines.append(f"call {call.id} {call.name} {call.arguments}")
+        if choice.end.tool_parse_error:
+            lines.append(f"no call: {choice.end.tool_parse_error}")
         for position in choice.logprobs:
             top = "  ".join(f"{alt.text!r} {alt.logprob:.4f}" for alt in position.top)
             lines.append(f"  {position.token.text!r}\t{position.token.logprob:.4f}\t{top}")
@@ -237,6 +253,17 @@ def _parser() -> argparse.ArgumentParser:
         metavar="K",
         help="print each token's log-probability and the K most likely alternatives",
     )
+    generate.add_argument(
+        "--tool",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a JSON file of a function the model may call (name, description, parameters;"
+        " or a list of them, or OpenAI's form); repeatable",
+    )
+    generate.add_argument(
+        "--tool-choice", help="none, auto (the default with tools), required, or a function's name"
+    )
     form = generate.add_mutually_exclusive_group()
     form.add_argument("--json-schema", metavar="FILE", help="the answer is an instance of it")
     form.add_argument("--regex", help="the answer matches this regular expression")
@@ -300,6 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.image_bytes = [Path(path).read_bytes() for path in args.image]
             schema = args.json_schema
             args.json_schema_text = Path(schema).read_text("utf-8") if schema else None
+            args.tools = [tool for path in args.tool for tool in _tools_in(Path(path))]
             return asyncio.run(_generate(args))
         if args.command == "stats":
             return asyncio.run(_stats(args))

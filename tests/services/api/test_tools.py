@@ -212,5 +212,7 @@ async def test_bad_tools_are_refused_naming_their_fields(client: MmgateClient) -
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert {"chat.tools[1].name"} <= violated_fields(refused.value)
     # and the server goes on serving
-    answer = await client.complete(QUESTION, tools=TOOLS, tool_choice="required", max_tokens=64)
+    answer = await client.complete(
+        QUESTION, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, max_tokens=64
+    )
     assert answer.choices[0].end.tool_calls

@@ -61,7 +61,10 @@ CITY = {
 def test_the_doc_has_each_example_once() -> None:
     names = _EXAMPLE.findall(DOC.read_text("utf-8"))
     assert len(names) == len(EXAMPLES), "an example name used twice"
-    assert set(EXAMPLES) == {name for _, name in CASES} | set(CONSTRAINED) | {"node-samples"}
+    assert set(EXAMPLES) == {name for _, name in CASES} | set(CONSTRAINED) | {
+        "node-samples",
+        "node-tools",
+    }
     languages = {name: lang for name, (lang, _) in EXAMPLES.items()}
     assert languages == {
         "python-async": "python",
@@ -74,6 +77,7 @@ def test_the_doc_has_each_example_once() -> None:
         "node-json-schema": "javascript",
         "grpcurl-json-schema": "bash",
         "node-samples": "javascript",
+        "node-tools": "javascript",
     }
 
 
@@ -264,3 +268,19 @@ def test_the_samples_example_prints_each_sample_with_its_logprobs(
             top = [logprob for _, logprob in token["top"]]
             assert 1 <= len(top) <= 2, shown
             assert top == sorted(top, reverse=True), shown
+
+
+def test_the_tools_example_makes_a_call_sends_its_result_and_prints_the_answer(
+    tmp_path: Path, pki: Pki, client_certs: dict[str, Issued], token_server: RunningServer
+) -> None:
+    done, shown = _run_example(
+        "node-tools", token_server, "token", pki, client_certs["alpha"], tmp_path
+    )
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    *calls, answer = lines
+    assert [line["call"]["name"] for line in calls] == ["get_weather"], shown
+    arguments = json.loads(calls[0]["call"]["arguments"])
+    jsonschema.validate(arguments, {"type": "object", "required": ["city"]})
+    assert calls[0]["call"]["id"], shown
+    # the answer after the result is text, not another call
+    assert answer["finish"] in ("FINISH_REASON_STOP", "FINISH_REASON_LENGTH"), shown

@@ -51,6 +51,38 @@ def test_cli_answers_the_capital_of_france(default_server: RunningServer) -> Non
     assert "Paris" in answer
 
 
+def test_cli_calls_a_tool_from_a_file(default_server: RunningServer, tmp_path: Path) -> None:
+    # OpenAI's form of a tool, as teams keep them
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather now in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+    (tmp_path / "weather.json").write_text(json.dumps(tool))
+    answer = mmgate(
+        "generate",
+        "What is the weather in Oslo?",
+        "--tool",
+        str(tmp_path / "weather.json"),
+        "--tool-choice",
+        "get_weather",
+        "--target",
+        default_server.target,
+    )
+    (call,) = [line for line in answer.splitlines() if line.startswith("call ")]
+    _, call_id, name, arguments = call.split(" ", 3)
+    assert call_id
+    assert name == "get_weather"
+    jsonschema.validate(json.loads(arguments), tool["function"]["parameters"])
+
+
 async def test_streamed_chat_answer(default_server: RunningServer) -> None:
     async with default_server.client() as client:
         text = "".join(
