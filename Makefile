@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(ENGINE)
 HOST ?= 127.0.0.1
 PORT ?= 50051
 
-.PHONY: all install test lint typecheck architecture unit proto manifests settings-table serve mesh bench bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-unary bench-adapters bench-fair-queue bench-fair-weights bench-watch bench-frontend bench-observability bench-plots gpu-check soak reliability-report clean
+.PHONY: all install test lint typecheck architecture unit proto manifests settings-table serve mesh bench bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-tools bench-unary bench-adapters bench-fair-queue bench-fair-weights bench-watch bench-frontend bench-observability bench-plots gpu-check soak reliability-report clean
 
 all: test
 
@@ -169,6 +169,10 @@ bench-images: $(STAMP)
 bench-structured: $(STAMP)
 	$(BIN)/python -m bench.structured --json $(FIGURES)/structured.json
 
+# tool calls side by side: the same tools, template and requests (tool_choice required)
+bench-tools: $(STAMP)
+	$(BIN)/python -m bench.tools --json $(FIGURES)/tools.json
+
 # unary calls: Complete per step against final output only, beside vLLM's unstreamed server
 bench-unary: $(STAMP)
 	$(BIN)/python -m bench.unary --json $(FIGURES)/unary.json
@@ -218,7 +222,7 @@ bench-plots: $(STAMP)
 ifeq ($(QUICK),1)
 bench: bench-cache bench-growth bench-image-repeats bench-frontend
 else
-bench: bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-unary bench-adapters bench-fair-queue bench-fair-weights bench-watch bench-frontend bench-observability bench-plots
+bench: bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-tools bench-unary bench-adapters bench-fair-queue bench-fair-weights bench-watch bench-frontend bench-observability bench-plots
 endif
 
 # the full multi-replica suite: three replicas behind the proxy, fail-over, rolling restart,

@@ -159,10 +159,11 @@ class OpenAIServer(VllmProcess):
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    async def start(self, env: dict[str, str]) -> float:
-        """Start the server; seconds until its /health answers 200."""
+    async def start(self, env: dict[str, str], *flags: str) -> float:
+        """Start the server with ``flags`` beside the engine's; seconds until its /health
+        answers 200."""
         started = time.perf_counter()
-        process = await self.spawn(env, "--disable-uvicorn-access-log")
+        process = await self.spawn(env, "--disable-uvicorn-access-log", *flags)
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
         self._client = httpx.AsyncClient(base_url=self.url, timeout=START_TIMEOUT, limits=limits)
         deadline = started + START_TIMEOUT

@@ -10,6 +10,7 @@ text is SmolLM2-Instruct's own.
 
 from __future__ import annotations
 
+import json
 from typing import Final
 
 DEFAULT_SYSTEM: Final = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -65,4 +66,14 @@ def template_variables() -> dict[str, str]:
     }
 
 
-__all__ = ["HERMES_TOOLS_TEMPLATE", "template_variables"]
+def standalone_template() -> str:
+    """The template with its variables written in: what another server (``vllm serve
+    --chat-template``) renders the same prompts with."""
+    settings = "".join(
+        f"{{%- set {name} = {json.dumps(value)} -%}}"
+        for name, value in template_variables().items()
+    )
+    return settings + HERMES_TOOLS_TEMPLATE
+
+
+__all__ = ["HERMES_TOOLS_TEMPLATE", "standalone_template", "template_variables"]

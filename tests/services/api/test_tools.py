@@ -216,3 +216,61 @@ async def test_bad_tools_are_refused_naming_their_fields(client: MmgateClient) -
         QUESTION, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, max_tokens=64
     )
     assert answer.choices[0].end.tool_calls
+
+
+async def test_auto_hands_out_only_calls_that_validate_and_text_as_text(
+    client: MmgateClient,
+) -> None:
+    # the model chooses: whatever it writes, a call handed out is valid, and an answer without
+    # one (or with one that is not) is text, the reason said
+    questions = [
+        QUESTION,
+        "What time is it in Tokyo?",
+        "Say hello.",
+        "What is two plus two?",
+        "Tell me the weather in Paris and the time in Rome.",
+    ]
+    answers = await asyncio.gather(
+        *(
+            client.complete(q, tools=TOOLS, temperature=1.0, seed=seed, max_tokens=64, n=2)
+            for seed, q in enumerate(questions)
+        )
+    )
+    called = texts = 0
+    for answer in answers:
+        for choice in answer.choices:
+            end = choice.end
+            if end.tool_calls:
+                called += 1
+                assert_valid(end.tool_calls, {"get_weather", "get_time"})
+                assert end.finish_reason == pb.FINISH_REASON_TOOL_CALLS
+                assert "<tool_call>" not in choice.text
+            else:
+                texts += 1
+                assert end.finish_reason != pb.FINISH_REASON_TOOL_CALLS
+                assert choice.text.strip() or end.tool_parse_error
+    assert called + texts == 10
+
+
+# the model made to write a Hermes call with a constraint of the caller's (auto takes one): the
+# whole path of an "auto" call, template, engine, vLLM's hermes parser and mmgate's check
+HERMES_CALL = (
+    r'<tool_call>\n\{{"name": "get_weather", "arguments": '
+    r'\{{"{0}": "[A-Z][a-z]{{2,9}}"\}}\}}\n</tool_call>'
+)
+CALL, WRONG = HERMES_CALL.format("city"), HERMES_CALL.format("town")
+
+
+async def test_an_auto_call_is_read_through_the_parser_and_checked(client: MmgateClient) -> None:
+    made = await client.complete(QUESTION, tools=TOOLS, regex=CALL, max_tokens=48)
+    (call,) = made.choices[0].end.tool_calls
+    assert call.name == "get_weather"
+    jsonschema.validate(json.loads(call.arguments), SCHEMAS["get_weather"])
+    assert made.final.finish_reason == pb.FINISH_REASON_TOOL_CALLS
+    assert made.text == ""  # nothing outside the call
+
+    wrong = await client.complete(QUESTION, tools=TOOLS, regex=WRONG, max_tokens=48)
+    assert wrong.choices[0].end.tool_calls == []
+    assert "do not validate" in wrong.choices[0].end.tool_parse_error
+    assert wrong.text.startswith("<tool_call>")  # handed back as text
+    assert wrong.final.finish_reason == pb.FINISH_REASON_STOP
