@@ -128,7 +128,11 @@ async def vllm_side(model: str, round_: int, requests: int) -> Side:
         template.write(standalone_template())
         template.flush()
         try:
-            await server.start({}, "--chat-template", template.name, "--tool-call-parser", "hermes")
+            await server.start(
+                {},
+                *("--chat-template", template.name),
+                *("--enable-auto-tool-choice", "--tool-call-parser", "hermes"),
+            )
 
             async def ask(content: str, seed: int) -> list[tuple[str, str]]:
                 body = {

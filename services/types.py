@@ -118,6 +118,8 @@ class GenerationRequest:
     token_ids: tuple[int, ...] | None = None
     # a chat's tools (None: the chat has none, or the input is no chat)
     tools: Tools | None = None
+    # with a reasoning parser: the model's thinking handed out apart (False: left out)
+    include_reasoning: bool = True
 
     @property
     def input_field(self) -> str:
@@ -259,6 +261,8 @@ class EngineDelta:
     # the prompt as the engine ran it: each image placeholder expanded to the image's tokens
     prompt_tokens: int = 0
     index: int = 0  # the sample
+    # the model's thinking in this delta, with a reasoning parser (``text``: the answer's)
+    reasoning: str = ""
     # one per token id, when the request asked for log-probabilities
     logprobs: tuple[TokenLogprobs, ...] = ()
     # the stop string or stop token id that ended the sample (None: any other end)

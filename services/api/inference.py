@@ -99,6 +99,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> pb.CompleteResponse:
         texts: defaultdict[int, list[str]] = defaultdict(list)
+        reasonings: defaultdict[int, list[str]] = defaultdict(list)
         choices: dict[int, pb.Choice] = {}  # each in the response already (no copy at the end)
         response = pb.CompleteResponse()
 
@@ -112,6 +113,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 if isinstance(event, EngineDelta):
                     choice = choice_for(event.index)
                     texts[event.index].append(event.text)
+                    if event.reasoning:
+                        reasonings[event.index].append(event.reasoning)
                     choice.token_ids.extend(event.token_ids)
                     await _extend_logprobs(choice.logprobs, event.logprobs)
                 else:
@@ -125,6 +128,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                             if end.content is None and not end.tool_calls
                             else (end.content or "")
                         )
+                        choice.reasoning = "".join(reasonings[end.index])
                         choice.end.CopyFrom(_sample_end(end))
         response.choices.sort(key=lambda choice: choice.index)
         if response.choices:
@@ -180,6 +184,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 facts.template_takes_tools
             ),
             tool_parser=settings.engine.tool_parser,
+            reasoning_parser=settings.engine.reasoning_parser,
         )
 
     async def LoadAdapter(
@@ -257,6 +262,8 @@ def _delta_message(event: EngineDelta) -> pb.GenerateResponse:
     delta.text = event.text
     delta.token_ids.extend(event.token_ids)
     delta.index = event.index
+    if event.reasoning:
+        delta.reasoning = event.reasoning
     return message
 
 

@@ -176,6 +176,7 @@ def validate(
         truncate_prompt_tokens=truncate,
         token_ids=token_ids,
         tools=tools,
+        include_reasoning=not request.HasField("include_reasoning") or request.include_reasoning,
     )
 
 

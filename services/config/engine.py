@@ -35,6 +35,11 @@ class SyntheticSettings(BaseModel):
     """A request's prefill before its first token: this per prompt token."""
     answer_tokens: int = Field(128, gt=0)
     """Tokens before the end-of-sequence token (unless a request ignores it)."""
+    answer: str = Field("", max_length=65_536)
+    """Every request's answer in place of the built-in passage, its tokens then the
+    end-of-sequence token (answer_tokens unused): a reasoning model's <think>...</think> or a
+    tool call, to load-test the front end's reading of them; empty: the passage, each
+    prompt's answer from a point of its own."""
 
 
 class EngineSettings(BaseModel):
@@ -130,6 +135,11 @@ class EngineSettings(BaseModel):
     tool_parser: str = Field("hermes", pattern=r"^[a-z0-9_]{1,64}$")
     """vLLM's tool parser that reads a tool_choice "auto" answer's calls (vLLM's names:
     hermes, llama3_json, mistral, ...): the format the template asks the model to call in."""
+    reasoning_parser: str = Field("", pattern=r"^[a-z0-9_]{0,64}$")
+    """vLLM's reasoning parser that keeps a reasoning model's thinking apart from its answer
+    (vLLM's names: deepseek_r1, qwen3, olmo3, ...): streamed and answered in fields of their
+    own. Empty: none, the thinking is in the text as the model wrote it. Checked at start
+    against the model's tokenizer."""
     extra: dict[str, Any] = Field(default_factory=dict)
     """Any other vLLM engine argument, as JSON: '{"swap_space": 2}'."""
     synthetic: SyntheticSettings | None = None

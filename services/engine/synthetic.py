@@ -11,8 +11,9 @@
 
 The tokens are a fixed passage's, tokenized once by the served model's own tokenizer, its text
 cut at the tokenizer's offsets: detokenized text at no cost per token. A request's answer starts
-in the passage where its prompt says (the same prompt, the same answer) and ends with the
-model's end-of-sequence token after ``answer_tokens`` unless ``ignore_eos``; ``max_tokens`` and
+in the passage where its prompt says (the same prompt, the same answer), or at the start of
+the fixed ``answer`` where the settings give one, and ends with the model's end-of-sequence
+token after ``answer_tokens`` unless ``ignore_eos``; ``max_tokens`` and
 ``min_tokens`` act as in vLLM. Stop strings, stop token ids, log-probabilities, constraints and
 adapters are not modelled: a request is answered as if it had none.
 
@@ -48,14 +49,12 @@ class Passage:
 
     __slots__ = ("eos", "ids", "pieces")
 
-    def __init__(self, tokenizer: Any) -> None:
-        encoded = tokenizer(PASSAGE, add_special_tokens=False, return_offsets_mapping=True)
+    def __init__(self, tokenizer: Any, text: str = PASSAGE) -> None:
+        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         self.ids: tuple[int, ...] = tuple(int(i) for i in encoded["input_ids"])
         ends = [end for _, end in encoded["offset_mapping"]]
         starts = [0, *ends[:-1]]
-        self.pieces: tuple[str, ...] = tuple(
-            PASSAGE[a:b] for a, b in zip(starts, ends, strict=True)
-        )
+        self.pieces: tuple[str, ...] = tuple(text[a:b] for a, b in zip(starts, ends, strict=True))
         eos = tokenizer.eos_token_id
         self.eos: int = int(eos) if eos is not None else self.ids[-1]
 
@@ -103,17 +102,19 @@ class _Run:
         params: Any,
         timing: SyntheticSettings,
         final_only: bool,
+        answer_tokens: int,
     ) -> None:
         self.request_id = request_id
         self.prompt_ids = prompt_ids
         self.samples = max(1, int(params.n or 1))
         self.text = params.detokenize
         self.final_only = final_only
-        budget = int(params.max_tokens if params.max_tokens is not None else timing.answer_tokens)
-        self.eos_at = -1 if params.ignore_eos else max(timing.answer_tokens, params.min_tokens or 0)
+        budget = int(params.max_tokens if params.max_tokens is not None else answer_tokens)
+        self.eos_at = -1 if params.ignore_eos else max(answer_tokens, params.min_tokens or 0)
         # the answer ends at its end-of-sequence token (included) or at max_tokens
         self.total = budget if self.eos_at < 0 or self.eos_at >= budget else self.eos_at + 1
-        self.offset = sum(prompt_ids[-8:])  # the same prompt, the same answer
+        # the same prompt, the same answer; a fixed answer from its start
+        self.offset = 0 if timing.answer else sum(prompt_ids[-8:])
         self.made = 0
         self.taken = 0  # made and handed out
         self.unsent = 0  # made since the consumer was last woken
@@ -148,7 +149,7 @@ class SyntheticLLM:
             RequestOutputKind,
         )
         self.timing = timing
-        self.passage = Passage(tokenizer)
+        self.passage = Passage(tokenizer, timing.answer or PASSAGE)
         self.max_num_seqs = max_num_seqs
         self.stream_interval = stream_interval
         # (running, waiting, tokens made) after each step: the engine's stats
@@ -178,7 +179,11 @@ class SyntheticLLM:
         if kind == self._kinds.CUMULATIVE:
             raise ValueError("the synthetic engine streams deltas or final outputs only")
         final_only = kind == self._kinds.FINAL_ONLY
-        run = _Run(request_id, _prompt_ids(prompt), sampling_params, self.timing, final_only)
+        # a fixed answer ends where its tokens do, the passage after answer_tokens
+        length = len(self.passage.ids) if self.timing.answer else self.timing.answer_tokens
+        run = _Run(
+            request_id, _prompt_ids(prompt), sampling_params, self.timing, final_only, length
+        )
         interval = max(
             self.stream_interval, int(getattr(sampling_params, "stream_interval", 0) or 0)
         )
@@ -262,7 +267,8 @@ class SyntheticLLM:
         ended = run.finish is not None
         completions = []
         for index in range(run.samples):
-            ids, text = self.passage.tokens(run.offset + 7 * index, start, run.made, run.eos_at)
+            at = run.offset + (0 if self.timing.answer else 7 * index)
+            ids, text = self.passage.tokens(at, start, run.made, run.eos_at)
             completions.append(
                 self._completion(
                     index=index,

@@ -32,7 +32,8 @@ from prometheus_client.core import Metric
 
 from ..config import Settings
 from ..engine.protocol import Engine
-from ..engine.tools import AutoCalls
+from ..engine.reasoning import ReasoningParsers, SampleReasoning
+from ..engine.tools import AutoCalls, has_tool_parser
 from ..errors import EngineUnavailable, InvalidRequest
 from ..observability.media_metrics import media_families
 from ..observability.metric_families import info_families
@@ -97,6 +98,14 @@ class Pipeline:
         )
         # the tool parser's tokenizer (vLLM's parsers read its vocabulary), made at first use
         self._parser_tokenizer: Any = None
+        if not has_tool_parser(settings.engine.tool_parser):
+            raise ValueError(f"vLLM has no tool parser named {settings.engine.tool_parser!r}")
+        # the model's thinking kept apart from its answer (None: no reasoning parser)
+        self.reasoning: ReasoningParsers | None = None
+        if settings.engine.reasoning_parser:
+            self.reasoning = ReasoningParsers(
+                settings.engine.reasoning_parser, engine.tokenizer_copy()
+            )
         # where each tenant's entries live, at every cache level (the engine's included)
         self.isolation = isolation if isolation is not None else Isolation(settings.tenants)
         # the order of runs for the engine's slots, by tenant weight and priority
@@ -181,6 +190,9 @@ class Pipeline:
             stream = self.runner.run(run, request.tenant)
 
         tally = Tally(sampling.n, keep_text=checked.tools is not None)
+        # each sample's thinking apart from its answer, as it comes
+        reasoning = self.reasoning
+        readers = None if reasoning is None else [reasoning.sample() for _ in range(sampling.n)]
         compiled = False
         queue_ms = 0.0  # a run joined or replayed waited in no queue for this request
         try:
@@ -192,8 +204,10 @@ class Pipeline:
                     if compile_ is not None and not compiled:
                         compiled = True
                         self.compiles.compiled(compile_)
+                    if readers is not None:
+                        event = _split(readers, event, checked.include_reasoning)
                     tally.add(event)
-                    if event.text or event.token_ids:
+                    if event.text or event.token_ids or event.reasoning:
                         yield event
         except (InvalidRequest, EngineUnavailable):
             # refused by the engine's compiler (or no engine): nothing left compiling
@@ -265,6 +279,13 @@ class Pipeline:
     async def close(self) -> None:
         """Cancel shared-response producers still running (shutdown)."""
         await self.responses.close()
+
+
+def _split(readers: list[SampleReasoning], delta: EngineDelta, include: bool) -> EngineDelta:
+    """The delta's text as its answer, its thinking apart (left out unless ``include``)."""
+    last = delta.finish_reason is not None
+    reasoning, content = readers[delta.index].split(delta.text, delta.token_ids, last)
+    return dataclasses.replace(delta, text=content, reasoning=reasoning if include else "")
 
 
 @final

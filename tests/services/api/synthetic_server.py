@@ -20,9 +20,15 @@ from tests.services.auth.support import TOKEN_GRANTS, TOKENS, write_tokens
 
 @contextlib.asynccontextmanager
 async def synthetic_server(
-    model: str, directory: Path, *, step_seconds: float, **settings: Any
+    model: str,
+    directory: Path,
+    *,
+    step_seconds: float,
+    engine: dict[str, Any] | None = None,
+    **settings: Any,
 ) -> AsyncIterator[tuple[MmgateServer, InMemorySpanExporter]]:
-    """Started and, at the end, stopped; ``settings``: more of Settings' fields."""
+    """Started and, at the end, stopped; ``engine``: more of the engine's settings (its
+    ``synthetic`` ones replace ``step_seconds``), ``settings``: more of Settings' fields."""
     tokens = directory / "tokens.json"
     write_tokens(tokens, TOKEN_GRANTS)
     configured = Settings(
@@ -31,7 +37,7 @@ async def synthetic_server(
         auth={"mode": "token", "tokens_file": tokens},
         metrics={"port": 0},
         # the synthetic engine, as a server's settings name it
-        engine={"queue": True, "synthetic": {"step_seconds": step_seconds}},
+        engine={"queue": True, "synthetic": {"step_seconds": step_seconds}, **(engine or {})},
         health={"loop_block_seconds": 3600},
         **settings,
     )
