@@ -10,6 +10,10 @@ same text: the embedded SmolLM2's own template ignores tools) and builds the sam
 whose arguments validate against its schema (jsonschema). Whole answers (mmgate's Complete,
 vLLM's chat completion unstreamed); latency p50 per side, and its ratio.
 
+Two of vLLM's: as it comes (the hermes parser holds "required" calls to its format by a
+structural tag) and with VLLM_ENFORCE_STRICT_TOOL_CALLING=0 (to the calls' JSON Schema, as
+mmgate does).
+
     python -m bench.tools [--requests 20] [--rounds 2] [--json FILE]
 """
 
@@ -38,6 +42,7 @@ from .openai_server import OpenAIServer
 from .service import ENV, Mmgate
 
 MAX_TOKENS = 96
+VLLM, VLLM_JSON = "vllm serve", "vllm serve, JSON"
 CITY = {"type": "string", "pattern": "^[A-Za-z ]{1,20}$"}
 TOOLS: list[dict[str, Any]] = [
     {
@@ -122,14 +127,17 @@ async def mmgate_side(model: str, round_: int, requests: int) -> Side:
         await server.close()
 
 
-async def vllm_side(model: str, round_: int, requests: int) -> Side:
+async def vllm_side(model: str, round_: int, requests: int, *, strict: bool = True) -> Side:
+    """vLLM's server with the hermes parser; ``strict`` (its default): "required" calls held to
+    the Hermes format by a structural tag, else (VLLM_ENFORCE_STRICT_TOOL_CALLING=0) to the
+    calls' JSON Schema, as mmgate holds them."""
     server = OpenAIServer(Settings().engine, model)
     with tempfile.NamedTemporaryFile("w", suffix=".jinja") as template:
         template.write(standalone_template())
         template.flush()
         try:
             await server.start(
-                {},
+                {} if strict else {"VLLM_ENFORCE_STRICT_TOOL_CALLING": "0"},
                 *("--chat-template", template.name),
                 *("--enable-auto-tool-choice", "--tool-call-parser", "hermes"),
             )
@@ -149,24 +157,30 @@ async def vllm_side(model: str, round_: int, requests: int) -> Side:
                 calls = answer["choices"][0]["message"].get("tool_calls") or []
                 return [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
 
-            return await measure("vllm serve", round_, ask, requests)
+            return await measure(VLLM if strict else VLLM_JSON, round_, ask, requests)
         finally:
             await server.close()
 
 
+async def vllm_json_side(model: str, round_: int, requests: int) -> Side:
+    return await vllm_side(model, round_, requests, strict=False)
+
+
 def report(sides: Sequence[Side], requests: int) -> None:
-    print(f"\n{'side':<11} {'round':>5} {'p50 (s)':>9} valid calls")
+    print(f"\n{'side':<17} {'round':>5} {'p50 (s)':>9} valid calls")
     for s in sides:
-        print(f"{s.name:<11} {s.round:>5} {s.p50:>9.3f} {s.valid}/{requests}")
+        print(f"{s.name:<17} {s.round:>5} {s.p50:>9.3f} {s.valid}/{requests}")
     by_round: dict[int, dict[str, Side]] = {}
     for s in sides:
         by_round.setdefault(s.round, {})[s.name] = s
-    for round_, pair in sorted(by_round.items()):
-        ours, theirs = pair["mmgate"], pair["vllm serve"]
-        print(
-            f"round {round_}: mmgate / vllm serve latency p50 {ours.p50 / theirs.p50:.2f}x;"
-            f" valid calls {ours.valid}/{requests} against {theirs.valid}/{requests}"
-        )
+    for round_, named in sorted(by_round.items()):
+        ours = named["mmgate"]
+        for name in (VLLM, VLLM_JSON):
+            theirs = named[name]
+            print(
+                f"round {round_}: mmgate / {name} latency p50 {ours.p50 / theirs.p50:.2f}x;"
+                f" valid calls {ours.valid}/{requests} against {theirs.valid}/{requests}"
+            )
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -176,7 +190,8 @@ async def main(args: argparse.Namespace) -> None:
     print(f"model {model}; {args.requests} requests a side; {args.rounds} rounds")
     sides: list[Side] = []
     for round_ in range(1, args.rounds + 1):
-        order = [mmgate_side, vllm_side] if round_ % 2 else [vllm_side, mmgate_side]
+        sides_ = [mmgate_side, vllm_side, vllm_json_side]
+        order = sides_ if round_ % 2 else sides_[::-1]
         for side in order:
             sides.append(await side(model, round_, args.requests))
             print(f"  round {round_}: {sides[-1].name} done", flush=True)

@@ -63,7 +63,7 @@ from .responses import SharedResponses
 from .runner import EngineRunner, QueueWait
 from .tenancy import Isolation
 from .threads import ThreadPools
-from .tool_calls import read_calls
+from .tool_calls import read_all
 
 
 @final
@@ -251,9 +251,9 @@ class Pipeline:
             auto = AutoCalls(self.settings.engine.tool_parser, self._parser_tokenizer)
         ends = []
         with span("tools.read", {"mmgate.tools.choice": tools.choice}) as traced:
-            readings = [
-                read_calls(tools, tally.text(end.index), end.finish_reason, auto) for end in samples
-            ]
+            outputs = [(tally.text(end.index), end.finish_reason) for end in samples]
+            # in a worker thread: the caller's schemas are checked, patterns and all
+            readings = await self.threads.run("render", read_all, tools, outputs, auto)
             if traced is not None:  # how many, never what: arguments are the caller's data
                 traced.set_attribute("mmgate.tools.calls", sum(len(r.calls) for r in readings))
                 traced.set_attribute("mmgate.tools.unread", sum(bool(r.error) for r in readings))

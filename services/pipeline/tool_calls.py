@@ -13,13 +13,18 @@ output is whatever the model wrote. Either way no call leaves mmgate unchecked: 
 executes what it is handed.
 
 The schemas are the caller's: a ``pattern`` is matched with the ``regex`` module under a time
-bound, so a pattern that backtracks without end fails the call instead of holding a thread.
+bound, and an answer's patterns under one together, so a pattern that backtracks without end
+fails the call instead of holding a thread. The pipeline reads calls in a worker thread, never
+on the event loop.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import time
 from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, final
 
@@ -30,8 +35,11 @@ from jsonschema import ValidationError
 from ..engine.tools import AutoCalls, call_id
 from ..tool_types import Tool, ToolCall, Tools
 
-# a caller's pattern matched against one string of an answer, at most
+# a caller's pattern matched against one string of an answer, at most, and all of an answer's
+# patterns together: thousands of patterns in 64 KiB of schemas must not hold a thread for long
 PATTERN_SECONDS = 0.05
+READ_SECONDS = 0.25
+_DEADLINE: ContextVar[float] = ContextVar("mmgate_tool_patterns_deadline", default=math.inf)
 
 
 @final
@@ -43,8 +51,11 @@ class ToolReading:
 
 
 def _search(pattern: str, text: str) -> bool:
+    left = _DEADLINE.get() - time.monotonic()
     try:
-        return regex.search(pattern, text, timeout=PATTERN_SECONDS) is not None
+        if left <= 0:
+            raise TimeoutError
+        return regex.search(pattern, text, timeout=min(PATTERN_SECONDS, left)) is not None
     except TimeoutError as error:
         raise ValidationError(f"pattern {pattern[:40]!r} took too long to match") from error
 
@@ -135,7 +146,25 @@ def _argument_problem(tool: Tool, arguments: dict[str, Any]) -> str | None:
 def read_calls(
     tools: Tools, text: str, finish_reason: str | None, auto: AutoCalls | None
 ) -> ToolReading:
-    """A sample's calls and the rest of its text, as its tool choice says to read them."""
+    """A sample's calls and the rest of its text, as its tool choice says to read them; the
+    schemas' patterns matched within READ_SECONDS in all."""
+    deadline = _DEADLINE.set(time.monotonic() + READ_SECONDS)
+    try:
+        return _read_calls(tools, text, finish_reason, auto)
+    finally:
+        _DEADLINE.reset(deadline)
+
+
+def read_all(
+    tools: Tools, outputs: list[tuple[str, str | None]], auto: AutoCalls | None
+) -> list[ToolReading]:
+    """Each sample's reading, of its (text, finish reason)."""
+    return [read_calls(tools, text, finish, auto) for text, finish in outputs]
+
+
+def _read_calls(
+    tools: Tools, text: str, finish_reason: str | None, auto: AutoCalls | None
+) -> ToolReading:
     if tools.choice == "none":
         return ToolReading(text)
     try:
@@ -168,4 +197,11 @@ def read_calls(
         return ToolReading(text, (), str(error))
 
 
-__all__ = ["PATTERN_SECONDS", "ToolReading", "read_calls", "schema_problem"]
+__all__ = [
+    "PATTERN_SECONDS",
+    "READ_SECONDS",
+    "ToolReading",
+    "read_all",
+    "read_calls",
+    "schema_problem",
+]

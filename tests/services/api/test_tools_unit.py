@@ -15,9 +15,9 @@ from services.api.validation import validate
 from services.config import Settings
 from services.engine.tools import AutoCalls, template_takes_tools
 from services.errors import InvalidRequest
-from services.pipeline.tool_calls import PATTERN_SECONDS, read_calls
+from services.pipeline.tool_calls import PATTERN_SECONDS, READ_SECONDS, read_calls
 from services.proto.mmgate.v1 import inference_pb2 as pb
-from services.tool_types import Tools
+from services.tool_types import Tool, Tools
 
 SETTINGS = Settings(max_tools=4, max_tools_chars=2000)
 MAX_MODEL_LEN = 2048
@@ -382,3 +382,22 @@ def test_which_model_templates_take_tools() -> None:
     assert template_takes_tools("{% if tools %}{{ tools | tojson }}{% endif %}")
     assert template_takes_tools({"default": "{{ x }}", "tool_use": "{{ tools }}"})
     assert not template_takes_tools(None)
+
+
+def test_an_answers_patterns_are_bounded_together_not_each_alone() -> None:
+    # 200 properties whose pattern matches, slowly (~10 ms here), each within its own bound:
+    # 2 s of a thread for one answer without the bound of all of them together
+    names = [f"p{i}" for i in range(200)]
+    slow = "^(?:(a|aa)+x|a*)$"
+    schema = {
+        "type": "object",
+        "properties": {name: {"type": "string", "pattern": slow} for name in names},
+    }
+    tools = Tools((Tool("fill", "", json.dumps(schema)),), "auto")
+    arguments = {name: "a" * 23 for name in names}
+    text = f"<tool_call>{json.dumps({'name': 'fill', 'arguments': arguments})}</tool_call>"
+    started = time.monotonic()
+    reading = read_calls(tools, text, "stop", AUTO)
+    assert time.monotonic() - started < READ_SECONDS + 0.5
+    assert reading.calls == ()
+    assert "took too long" in reading.error
