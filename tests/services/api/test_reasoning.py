@@ -2,11 +2,12 @@
 <think> and </think> as text, which SmolLM2's vocabulary spells) on fixed outputs cut every
 way, then the whole server over the synthetic engine answering with thinking, streamed token by
 token and whole, its thinking sent or left out; a parser the model cannot take is refused at
-start."""
+start; and the real engine, SmolLM2 made to think by a constraint."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from services.config import default_model_cache
 from services.engine.reasoning import ReasoningParsers
 from services.models import prepare_default_model
 from tests.services.api.synthetic_server import client_of, synthetic_server
+from tests.support import RunningServer, start_server
 
 module_loop = pytest.mark.asyncio(loop_scope="module")
 
@@ -154,3 +156,41 @@ async def test_the_thinking_is_never_read_as_a_call(
     assert answer.choices[0].end.tool_calls == []
     assert answer.choices[0].end.tool_parse_error == ""
     assert (answer.choices[0].reasoning, answer.text) == (THINKING, ANSWER)
+
+
+# ── the real engine: SmolLM2 made to think by a constraint ──────────────────────────────────
+
+THOUGHT_THEN_ANSWER = r"<think>[a-z ]{8,40}</think>[A-Z][a-z ]{4,30}\."
+
+
+@pytest.fixture(scope="module")
+def thinking_smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """`mmgate serve` on the embedded SmolLM2 with the olmo3 reasoning parser."""
+    running = start_server(
+        tmp_path_factory.mktemp("thinking-smollm2"), None, MMGATE_ENGINE__REASONING_PARSER="olmo3"
+    )
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+@module_loop
+async def test_the_real_engines_thinking_is_split_alike_streamed_and_whole(
+    thinking_smollm2: RunningServer,
+) -> None:
+    options = {"regex": THOUGHT_THEN_ANSWER, "max_tokens": 64, "temperature": 0.0}
+    async with thinking_smollm2.client(timeout=120) as client:
+        whole = await client.complete("What is two plus two?", **options)
+        events = [
+            event
+            async for event in client.generate(build_request("What is two plus two?", **options))
+        ]
+        alone = await client.complete_request(
+            _without_reasoning(build_request("What is two plus two?", **options))
+        )
+    choice = whole.choices[0]
+    assert re.fullmatch(r"[a-z ]{8,40}", choice.reasoning), choice
+    assert re.fullmatch(r"[A-Z][a-z ]{4,30}\.", choice.text), choice
+    streamed = [event.delta for event in events[:-1]]
+    assert "".join(d.reasoning for d in streamed) == choice.reasoning
+    assert "".join(d.text for d in streamed) == choice.text
+    assert (alone.choices[0].reasoning, alone.text) == ("", choice.text)
