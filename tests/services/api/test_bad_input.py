@@ -16,8 +16,9 @@ def chat_request(**sampling: object) -> pb.GenerateRequest:
 
 
 def with_unknown_chat_field() -> pb.GenerateRequest:
+    # field 9 of ChatMessage, which this server does not know
     message = pb.ChatMessage.FromString(
-        pb.ChatMessage(role="user", content="hi").SerializeToString() + b"\x1a\x04name"
+        pb.ChatMessage(role="user", content="hi").SerializeToString() + b"\x4a\x04name"
     )
     return pb.GenerateRequest(chat=pb.Chat(messages=[message]))
 
