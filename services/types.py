@@ -263,6 +263,8 @@ class EngineDelta:
     index: int = 0  # the sample
     # the model's thinking in this delta, with a reasoning parser (``text``: the answer's)
     reasoning: str = ""
+    # calls of the sample's completed with this delta, each whole and checked
+    tool_calls: tuple[ToolCall, ...] = ()
     # one per token id, when the request asked for log-probabilities
     logprobs: tuple[TokenLogprobs, ...] = ()
     # the stop string or stop token id that ended the sample (None: any other end)

@@ -39,6 +39,7 @@ from ..types import (
     LookupReport,
     SampleEnd,
     TokenLogprobs,
+    ToolCall,
 )
 from .adapters import (
     adapter_for,
@@ -264,6 +265,8 @@ def _delta_message(event: EngineDelta) -> pb.GenerateResponse:
     delta.index = event.index
     if event.reasoning:
         delta.reasoning = event.reasoning
+    if event.tool_calls:
+        delta.tool_calls.extend(_call(call) for call in event.tool_calls)
     return message
 
 
@@ -302,9 +305,7 @@ def _sample_end(end: SampleEnd) -> pb.SampleEnd:
         index=end.index,
         finish_reason=_finish(end.finish_reason),
         completion_tokens=end.completion_tokens,
-        tool_calls=[
-            pb.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in end.tool_calls
-        ],
+        tool_calls=[_call(call) for call in end.tool_calls],
         tool_parse_error=end.tool_parse_error,
     )
     if isinstance(end.stop_reason, str):
@@ -339,6 +340,10 @@ async def _fill_final(final: pb.GenerateFinal, event: Finished) -> None:
     )
     final.CopyFrom(head)
     await _extend_logprobs(final.prompt_logprobs, event.prompt_logprobs)
+
+
+def _call(call: ToolCall) -> pb.ToolCall:
+    return pb.ToolCall(id=call.id, name=call.name, arguments=call.arguments)
 
 
 def _lookup(report: LookupReport) -> pb.CacheLookup:

@@ -73,11 +73,15 @@ def call_id() -> str:
 class AutoCalls:
     """vLLM's tool parser of one name, reading the calls out of an "auto" answer."""
 
-    __slots__ = ("_parser", "_request")
+    __slots__ = ("_parser", "_request", "end_token")
 
     def __init__(self, name: str, tokenizer: Any) -> None:
         """KeyError: vLLM has no tool parser of that name."""
         self._parser = ToolParserManager.get_tool_parser(name)(tokenizer)
+        # what ends a call in the parser's format ("</tool_call>"), where it has one: a stream
+        # hands out each call once this follows it
+        end = getattr(self._parser, "tool_call_end_token", None)
+        self.end_token: str | None = end if isinstance(end, str) and end else None
         # the parsers read their options from an OpenAI request; one without tools is enough
         self._request = ChatCompletionRequest(messages=[], model="mmgate")
 

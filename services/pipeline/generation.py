@@ -39,7 +39,6 @@ from ..observability.media_metrics import media_families
 from ..observability.metric_families import info_families
 from ..observability.queue_metrics import QueueStats, queue_families
 from ..observability.spans import span
-from ..tool_types import Tools
 from ..types import (
     AdapterRef,
     EngineDelta,
@@ -63,7 +62,7 @@ from .responses import SharedResponses
 from .runner import EngineRunner, QueueWait
 from .tenancy import Isolation
 from .threads import ThreadPools
-from .tool_calls import read_all
+from .tool_calls import CallStreams, read_all
 
 
 @final
@@ -190,6 +189,11 @@ class Pipeline:
             stream = self.runner.run(run, request.tenant)
 
         tally = Tally(sampling.n, keep_text=checked.tools is not None)
+        # each sample's calls handed out as they are made, whole and checked
+        calls = None
+        if checked.tools is not None and checked.tools.choice != "none":
+            auto = await self._auto_calls() if checked.tools.choice == "auto" else None
+            calls = CallStreams(checked.tools, auto, sampling.n, self.threads)
         # each sample's thinking apart from its answer, as it comes
         reasoning = self.reasoning
         readers = None if reasoning is None else [reasoning.sample() for _ in range(sampling.n)]
@@ -207,7 +211,11 @@ class Pipeline:
                     if readers is not None:
                         event = _split(readers, event, checked.include_reasoning)
                     tally.add(event)
-                    if event.text or event.token_ids or event.reasoning:
+                    if calls is not None and event.text:
+                        text = tally.text(event.index)
+                        if made := await calls.made(event.index, text, event.text):
+                            event = dataclasses.replace(event, tool_calls=made)
+                    if event.text or event.token_ids or event.reasoning or event.tool_calls:
                         yield event
         except (InvalidRequest, EngineUnavailable):
             # refused by the engine's compiler (or no engine): nothing left compiling
@@ -219,8 +227,8 @@ class Pipeline:
             if compile_ is not None and not compiled:
                 self.compiles.left(compile_)
         samples = tally.ends()
-        if checked.tools is not None:
-            samples = await self._with_calls(checked.tools, samples, tally)
+        if calls is not None:
+            samples = await self._with_calls(calls, samples, tally)
         yield Finished(
             request_id=checked.request_id,
             model=engine.model_name,
@@ -238,22 +246,26 @@ class Pipeline:
             priority=request.priority,
         )
 
+    async def _auto_calls(self) -> AutoCalls:
+        """The tool parser for one request's "auto" calls."""
+        if self._parser_tokenizer is None:
+            self._parser_tokenizer = await self.threads.run("render", self.engine.tokenizer_copy)
+        return AutoCalls(self.settings.engine.tool_parser, self._parser_tokenizer)
+
     async def _with_calls(
-        self, tools: Tools, samples: tuple[SampleEnd, ...], tally: Tally
+        self, calls: CallStreams, samples: tuple[SampleEnd, ...], tally: Tally
     ) -> tuple[SampleEnd, ...]:
-        """Each sample's end with the calls read from its text (tool_calls.py)."""
-        auto = None
-        if tools.choice == "auto":
-            if self._parser_tokenizer is None:
-                self._parser_tokenizer = await self.threads.run(
-                    "render", self.engine.tokenizer_copy
-                )
-            auto = AutoCalls(self.settings.engine.tool_parser, self._parser_tokenizer)
+        """Each sample's end with the calls read from its whole text (tool_calls.py), those
+        handed out as the stream went under the ids they had."""
+        tools = calls.tools
         ends = []
         with span("tools.read", {"mmgate.tools.choice": tools.choice}) as traced:
-            outputs = [(tally.text(end.index), end.finish_reason) for end in samples]
+            outputs = [
+                (tally.text(end.index), end.finish_reason, tuple(calls.ids[end.index]))
+                for end in samples
+            ]
             # in a worker thread: the caller's schemas are checked, patterns and all
-            readings = await self.threads.run("render", read_all, tools, outputs, auto)
+            readings = await self.threads.run("render", read_all, tools, outputs, calls.auto)
             if traced is not None:  # how many, never what: arguments are the caller's data
                 traced.set_attribute("mmgate.tools.calls", sum(len(r.calls) for r in readings))
                 traced.set_attribute("mmgate.tools.unread", sum(bool(r.error) for r in readings))

@@ -100,7 +100,7 @@ async def test_reading_tool_calls_is_traced_by_choice_and_count_never_by_content
     assert auto.choices[0].end.tool_parse_error == ""
     assert auto.choices[0].text == auto.text
     assert forced.choices[0].end.tool_calls == []
-    assert "not the calls' JSON" in forced.choices[0].end.tool_parse_error
+    assert "not a list of calls" in forced.choices[0].end.tool_parse_error
     assert forced.final.finish_reason == pb.FINISH_REASON_LENGTH
     read = [span for span in exporter.get_finished_spans() if span.name == "tools.read"]
     assert [dict(span.attributes or {}) for span in read] == [

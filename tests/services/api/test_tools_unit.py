@@ -401,3 +401,39 @@ def test_an_answers_patterns_are_bounded_together_not_each_alone() -> None:
     assert time.monotonic() - started < READ_SECONDS + 0.5
     assert reading.calls == ()
     assert "took too long" in reading.error
+
+
+def test_each_call_stands_on_its_own_those_after_a_bad_one_are_not_handed_out() -> None:
+    text = (
+        '[{"name":"get_weather","parameters":{"city":"Oslo"}},'
+        '{"name":"get_weather","parameters":{"days":2}},'
+        '{"name":"get_time","parameters":{}}]'
+    )
+    reading = read_calls(with_choice("required"), text, "stop", None)
+    assert [json.loads(c.arguments) for c in reading.calls] == [{"city": "Oslo"}]
+    assert "do not validate" in reading.error
+
+
+def test_a_list_cut_at_max_tokens_keeps_its_whole_calls_and_says_it_was_cut() -> None:
+    text = '[{"name":"get_time","parameters":{}}, {"name":"get_weather","parameters":{"ci'
+    reading = read_calls(with_choice("required"), text, "length", None)
+    assert [c.name for c in reading.calls] == ["get_time"]
+    assert "ended at max_tokens" in reading.error
+    # read before the end: the whole calls so far, nothing said of the rest
+    early = read_calls(with_choice("required"), text, None, None, final=False)
+    assert ([c.name for c in early.calls], early.error) == (["get_time"], "")
+
+
+def test_calls_handed_out_keep_their_ids_at_the_end() -> None:
+    text = '[{"name":"get_time","parameters":{}},{"name":"get_time","parameters":{}}]'
+    reading = read_calls(with_choice("required"), text, "stop", None, ids=["call-a"])
+    assert reading.calls[0].id == "call-a"
+    assert reading.calls[1].id not in ("", "call-a")
+
+
+@pytest.mark.parametrize("choice", ["required", "function"])
+def test_output_nested_past_the_parser_is_no_call(choice: str) -> None:
+    text = "[" * 5000
+    reading = read_calls(with_choice(choice, "get_time"), text, "length", None)
+    assert reading.calls == ()
+    assert reading.content == text
