@@ -156,11 +156,15 @@ async def test_a_streamed_answer_ends_with_each_samples_calls(client: MmgateClie
         )
     ]
     texts: dict[int, str] = {0: "", 1: ""}
+    streamed: dict[int, list[tuple[str, str, str]]] = {0: [], 1: []}
     for event in events[:-1]:
         texts[event.delta.index] += event.delta.text
+        streamed[event.delta.index] += [(c.id, c.name, c.arguments) for c in event.delta.tool_calls]
     final = events[-1].final
     for sample in final.samples:
         assert_valid(sample.tool_calls, {"get_weather", "get_time"})
+        # each call went out whole in the stream, under the id the final message gives it
+        assert streamed[sample.index] == [(c.id, c.name, c.arguments) for c in sample.tool_calls]
         # the stream carries the calls' JSON as the model wrote it
         written = json.loads(texts[sample.index])
         assert [call["name"] for call in written] == [c.name for c in sample.tool_calls]
