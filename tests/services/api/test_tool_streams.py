@@ -5,8 +5,10 @@ token (services/engine/synthetic.py's ``answer``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -48,16 +50,21 @@ async def answered(
         return [event async for event in client.generate(request)]
 
 
+@contextlib.asynccontextmanager
+async def answering(tiny_model: str, directory: Path, answer: str) -> AsyncIterator[MmgateServer]:
+    """The whole server over the synthetic engine, ``answer`` every request's output."""
+    synthetic = {"step_seconds": 0.001, "answer": answer}
+    async with synthetic_server(
+        tiny_model, directory, step_seconds=0.001, engine={"synthetic": synthetic}
+    ) as (server, _):
+        yield server
+
+
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def hermes_server(
     tiny_model: str, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[MmgateServer]:
-    async with synthetic_server(
-        tiny_model,
-        tmp_path_factory.mktemp("hermes-calls"),
-        step_seconds=0.001,
-        engine={"synthetic": {"step_seconds": 0.001, "answer": HERMES}},
-    ) as (server, _):
+    async with answering(tiny_model, tmp_path_factory.mktemp("hermes-calls"), HERMES) as server:
         yield server
 
 
@@ -65,12 +72,7 @@ async def hermes_server(
 async def listed_server(
     tiny_model: str, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[MmgateServer]:
-    async with synthetic_server(
-        tiny_model,
-        tmp_path_factory.mktemp("listed-calls"),
-        step_seconds=0.001,
-        engine={"synthetic": {"step_seconds": 0.001, "answer": LISTED}},
-    ) as (server, _):
+    async with answering(tiny_model, tmp_path_factory.mktemp("listed-calls"), LISTED) as server:
         yield server
 
 
