@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -20,6 +21,7 @@ from services.client import build_request
 from services.config import default_model_cache
 from services.engine.reasoning import ReasoningParsers
 from services.models import prepare_default_model
+from services.proto.mmgate.v1 import inference_pb2 as pb
 from tests.services.api.synthetic_server import client_of, synthetic_server
 from tests.support import RunningServer, start_server
 
@@ -137,8 +139,8 @@ async def test_a_whole_answer_has_its_thinking_in_a_field_of_its_own(
     assert (left_out.choices[0].reasoning, left_out.text) == ("", ANSWER)
 
 
-def _without_reasoning(request: object) -> object:
-    request.include_reasoning = False  # type: ignore[attr-defined]
+def _without_reasoning(request: pb.GenerateRequest) -> pb.GenerateRequest:
+    request.include_reasoning = False
     return request
 
 
@@ -177,7 +179,7 @@ def thinking_smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runni
 async def test_the_real_engines_thinking_is_split_alike_streamed_and_whole(
     thinking_smollm2: RunningServer,
 ) -> None:
-    options = {"regex": THOUGHT_THEN_ANSWER, "max_tokens": 64, "temperature": 0.0}
+    options: dict[str, Any] = {"regex": THOUGHT_THEN_ANSWER, "max_tokens": 64, "temperature": 0.0}
     async with thinking_smollm2.client(timeout=120) as client:
         whole = await client.complete("What is two plus two?", **options)
         events = [

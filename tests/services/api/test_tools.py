@@ -94,7 +94,11 @@ async def round_trip(client: MmgateClient, *, streamed: bool) -> str:
     calls = asked.choices[0].end.tool_calls
     assert_valid(calls, {"get_weather"})
     results = [tool_result(c.id, get_weather(**json.loads(c.arguments))) for c in calls]
-    messages = [("user", QUESTION), calls_turn(calls), *results]
+    messages: list[tuple[str, str] | pb.ChatMessage] = [
+        ("user", QUESTION),
+        calls_turn(calls),
+        *results,
+    ]
     options: dict[str, Any] = {"tools": TOOLS, "tool_choice": "none", "max_tokens": 48}
     if not streamed:
         answer = await client.complete(messages=messages, temperature=0.0, **options)

@@ -125,7 +125,10 @@ def test_a_named_function_is_its_arguments_schema() -> None:
             "chat.tool_choice.function",
         ),
         (request_with(choice=REQUIRED), "chat.tool_choice"),
-        (request_with(weather_tool(), choice=pb.ToolChoice(mode=9)), "chat.tool_choice.mode"),
+        (
+            request_with(weather_tool(), choice=pb.ToolChoice(mode=9)),  # type: ignore[arg-type]
+            "chat.tool_choice.mode",
+        ),
         (request_with(*[weather_tool(f"t{i}") for i in range(5)]), "chat.tools"),
         (request_with(pb.Tool(name="t", description="d" * 2001)), "chat.tools"),
     ],

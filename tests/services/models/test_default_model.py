@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -53,7 +54,7 @@ def test_cli_answers_the_capital_of_france(default_server: RunningServer) -> Non
 
 def test_cli_calls_a_tool_from_a_file(default_server: RunningServer, tmp_path: Path) -> None:
     # OpenAI's form of a tool, as teams keep them
-    tool = {
+    tool: dict[str, Any] = {
         "type": "function",
         "function": {
             "name": "get_weather",
