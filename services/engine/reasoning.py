@@ -15,9 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, final
 
-from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-from vllm.reasoning import ReasoningParserManager
-
 
 @final
 class _VocabularyOnce:
@@ -85,6 +82,10 @@ class ReasoningParsers:
     def __init__(self, name: str, tokenizer: Any) -> None:
         """ValueError: vLLM has no parser of that name, or it cannot read this model's
         tokens (its think tokens are not in the vocabulary)."""
+        # vLLM imported here: the pipeline imports this module, and the API layer the pipeline
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+        from vllm.reasoning import ReasoningParserManager
+
         try:
             self._parser = ReasoningParserManager.get_reasoning_parser(name)
         except KeyError:

@@ -1,5 +1,8 @@
 """vLLM's side of tool calls: the schema that forces calls, the parser that reads them.
 
+vLLM is imported where it is used: the API layer imports this module, and a server that stops
+at its settings must not have loaded vLLM first.
+
     Tools, choice "required" or a function ─ calls_schema ─▶ a JSON Schema for the engine's
         structured output (vLLM's server builds the same): an array of {name, parameters}, or
         the named function's arguments
@@ -17,21 +20,13 @@ import logging
 from collections.abc import Iterator
 from typing import Any, final
 
-from vllm.entrypoints.generate.base.protocol import FunctionDefinition
-from vllm.entrypoints.openai.chat_completion.protocol import (
-    ChatCompletionNamedFunction,
-    ChatCompletionNamedToolChoiceParam,
-    ChatCompletionRequest,
-    ChatCompletionToolsParam,
-)
-from vllm.renderers.chat_utils import make_tool_call_id
-from vllm.tool_parsers import ToolParserManager
-from vllm.tool_parsers.utils import get_json_schema_from_tools
-
 from ..tool_types import Tools
 
 
-def _vllm_tools(tools: Tools, schemas: dict[str, dict[str, Any]]) -> list[ChatCompletionToolsParam]:
+def _vllm_tools(tools: Tools, schemas: dict[str, dict[str, Any]]) -> list[Any]:
+    from vllm.entrypoints.generate.base.protocol import FunctionDefinition
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionToolsParam
+
     return [
         ChatCompletionToolsParam(
             function=FunctionDefinition(
@@ -48,6 +43,12 @@ def calls_schema(tools: Tools, schemas: dict[str, dict[str, Any]]) -> dict[str, 
     """The JSON Schema that constrained decoding keeps the answer to (None: no constraint, for
     "auto" and "none"); ``schemas``: each tool's parameters, parsed. ValueError: vLLM cannot
     build one from these tools (two tools defining one $defs name differently)."""
+    from vllm.entrypoints.openai.chat_completion.protocol import (
+        ChatCompletionNamedFunction,
+        ChatCompletionNamedToolChoiceParam,
+    )
+    from vllm.tool_parsers.utils import get_json_schema_from_tools
+
     choice: Any
     if tools.choice == "required":
         choice = "required"
@@ -66,6 +67,8 @@ def calls_schema(tools: Tools, schemas: dict[str, dict[str, Any]]) -> dict[str, 
 
 def call_id() -> str:
     """A call's id, as vLLM's server makes them."""
+    from vllm.renderers.chat_utils import make_tool_call_id
+
     return str(make_tool_call_id())
 
 
@@ -77,6 +80,9 @@ class AutoCalls:
 
     def __init__(self, name: str, tokenizer: Any) -> None:
         """KeyError: vLLM has no tool parser of that name."""
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+        from vllm.tool_parsers import ToolParserManager
+
         self._parser = ToolParserManager.get_tool_parser(name)(tokenizer)
         # what ends a call in the parser's format ("</tool_call>"), where it has one: a stream
         # hands out each call once this follows it
@@ -121,6 +127,8 @@ def template_takes_tools(template: Any) -> bool:
 
 
 def has_tool_parser(name: str) -> bool:
+    from vllm.tool_parsers import ToolParserManager
+
     try:
         ToolParserManager.get_tool_parser(name)
     except KeyError:
