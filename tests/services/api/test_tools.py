@@ -37,7 +37,18 @@ def get_time(timezone: str) -> str:
     return f"10:00 in {timezone}"
 
 
-TOOLS = [tool_from_function(get_weather), tool_from_function(get_time)]
+def bounded(tool: pb.Tool) -> pb.Tool:
+    """The function's tool, its strings bounded: a small model sampled hot can write a string
+    without end (a 60-token "timezone"), and max_tokens then ends the call unfinished."""
+    schema = json.loads(tool.parameters)
+    for argument in schema["properties"].values():
+        if argument.get("type") == "string":
+            argument["pattern"] = "^[A-Za-z /_]{1,24}$"
+    tool.parameters = json.dumps(schema)
+    return tool
+
+
+TOOLS = [bounded(tool_from_function(get_weather)), bounded(tool_from_function(get_time))]
 SCHEMAS = {tool.name: json.loads(tool.parameters) for tool in TOOLS}
 QUESTION = "What is the weather in Oslo right now?"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from typing import Literal
 
 import jsonschema
 import pytest
@@ -440,3 +441,42 @@ def test_output_nested_past_the_parser_is_no_call(choice: str) -> None:
     reading = read_calls(with_choice(choice, "get_time"), text, "length", None)
     assert reading.calls == ()
     assert reading.content == text
+
+
+def test_a_functions_signature_is_its_tool() -> None:
+    from services.client import as_tool, tool_choice, tool_from_function
+
+    def search(query: str, limit: int = 5, tags: list[str] | None = None) -> str:
+        """Search the docs.
+
+        Longer notes that stay out of the description."""
+        return query
+
+    def pick(unit: Literal["c", "f"], weights: dict[str, float]) -> None:
+        """Pick one."""
+
+    tool = tool_from_function(search)
+    assert (tool.name, tool.description) == ("search", "Search the docs.")
+    assert json.loads(tool.parameters) == {
+        "type": "object",
+        "properties": {
+            "query": {"type": "string"},
+            "limit": {"type": "integer", "default": 5},
+            "tags": {
+                "anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}],
+                "default": None,
+            },
+        },
+        "required": ["query"],
+    }
+    assert json.loads(tool_from_function(pick).parameters)["properties"] == {
+        "unit": {"enum": ["c", "f"]},
+        "weights": {"type": "object", "additionalProperties": {"type": "number"}},
+    }
+    # what the server checks it against: a valid object schema
+    validate(request_with(tool, as_tool(pick)), SETTINGS, max_model_len=MAX_MODEL_LEN)
+    assert (
+        as_tool({"name": "t", "parameters": {"type": "object"}}).parameters == '{"type": "object"}'
+    )
+    assert tool_choice("required").mode == pb.TOOL_CHOICE_MODE_REQUIRED
+    assert tool_choice("search").function == "search"
