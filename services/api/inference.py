@@ -124,11 +124,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                         choice = choice_for(end.index)
                         text = "".join(texts[end.index])
                         # with tools: the text outside the calls
-                        choice.text = (
-                            text
-                            if end.content is None and not end.tool_calls
-                            else (end.content or "")
-                        )
+                        # with calls: the text outside them (the parser's content)
+                        choice.text = (end.content or "") if end.tool_calls else text
                         choice.reasoning = "".join(reasonings[end.index])
                         choice.end.CopyFrom(_sample_end(end))
         response.choices.sort(key=lambda choice: choice.index)

@@ -45,25 +45,27 @@ def checked_tools(
     schemas = _tools(chat.tools, settings, bad)
     if schemas is None:
         return None, None
-    tools = Tools(
-        tuple(Tool(t.name, t.description, json.dumps(schemas[t.name])) for t in chat.tools),
-        "none",
-        parallel=not chat.HasField("parallel_tool_calls") or chat.parallel_tool_calls,
-    )
     choice = chat.tool_choice
     kind = choice.WhichOneof("choice")
+    mode: ToolChoiceMode
     if kind == "function":
-        if tools.named(choice.function) is None:
+        if choice.function not in schemas:
             bad("chat.tool_choice.function", f"{choice.function[:64]!r} is not one of chat.tools")
             return None, None
-        tools = _with(tools, "function", choice.function)
+        mode = "function"
     elif kind == "mode" and choice.mode != pb.TOOL_CHOICE_MODE_UNSPECIFIED:
         if choice.mode not in _MODES:
             bad("chat.tool_choice.mode", f"unknown value {choice.mode}")
             return None, None
-        tools = _with(tools, _MODES[choice.mode])
+        mode = _MODES[choice.mode]
     else:
-        tools = _with(tools, "auto" if tools.tools else "none")
+        mode = "auto" if schemas else "none"
+    tools = Tools(
+        tuple(Tool(t.name, t.description, json.dumps(schemas[t.name])) for t in chat.tools),
+        mode,
+        choice.function if mode == "function" else "",
+        parallel=not chat.HasField("parallel_tool_calls") or chat.parallel_tool_calls,
+    )
     if tools.choice in ("required", "auto") and not tools.tools:
         bad("chat.tool_choice", f"{tools.choice!r} needs chat.tools")
         return None, None
@@ -79,10 +81,6 @@ def checked_tools(
         text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
         constraint = Constraint("json_schema", text=text)
     return tools, constraint
-
-
-def _with(tools: Tools, choice: ToolChoiceMode, function: str = "") -> Tools:
-    return Tools(tools.tools, choice, function, tools.parallel)
 
 
 def _tools(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Iterator
 from typing import Any, final
 
@@ -108,15 +109,33 @@ class AutoCalls:
         return extracted.content or "", calls
 
 
+@final
+class _Reading(logging.Filter):
+    """Drops a parser's records in a thread while it reads an answer there; other threads,
+    and the parser outside a read, log as ever (a logger's level is the whole process's: two
+    reads at once saved and restored each other's, and left the logger silenced)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.local = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(self.local, "reading", False)
+
+
+_READING = _Reading()
+
+
 @contextlib.contextmanager
 def _quiet(name: str) -> Iterator[None]:
     logger = logging.getLogger(name)
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
+    if _READING not in logger.filters:
+        logger.addFilter(_READING)
+    _READING.local.reading = True
     try:
         yield
     finally:
-        logger.setLevel(level)
+        _READING.local.reading = False
 
 
 def template_takes_tools(template: Any) -> bool:

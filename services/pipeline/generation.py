@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import AsyncGenerator, Iterator, Mapping
 from typing import Any, final
 
@@ -102,8 +103,9 @@ class Pipeline:
         # the model's thinking kept apart from its answer (None: no reasoning parser)
         self.reasoning: ReasoningParsers | None = None
         if settings.engine.reasoning_parser:
+            self._parser_tokenizer = engine.tokenizer_copy()
             self.reasoning = ReasoningParsers(
-                settings.engine.reasoning_parser, engine.tokenizer_copy()
+                settings.engine.reasoning_parser, self._parser_tokenizer
             )
         # where each tenant's entries live, at every cache level (the engine's included)
         self.isolation = isolation if isolation is not None else Isolation(settings.tenants)
@@ -212,8 +214,9 @@ class Pipeline:
                         event = _split(readers, event, checked.include_reasoning)
                     tally.add(event)
                     if calls is not None and event.text:
-                        text = tally.text(event.index)
-                        if made := await calls.made(event.index, text, event.text):
+                        index = event.index
+                        output = functools.partial(tally.text, index)
+                        if made := await calls.made(index, output, event.text):
                             event = dataclasses.replace(event, tool_calls=made)
                     if event.text or event.token_ids or event.reasoning or event.tool_calls:
                         yield event

@@ -24,7 +24,7 @@ import functools
 import json
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, final
@@ -293,10 +293,10 @@ class CallStreams:
         self.ids: list[list[str]] = [[] for _ in range(samples)]  # the calls handed out
         self._ends_seen = [0] * samples
 
-    async def made(self, index: int, text: str, delta: str) -> tuple[ToolCall, ...]:
-        """The calls sample ``index`` has completed with ``delta`` (``text``: all of its
-        output so far), checked in a worker thread."""
-        prefix = self._complete_part(index, text, delta)
+    async def made(self, index: int, whole: Callable[[], str], delta: str) -> tuple[ToolCall, ...]:
+        """The calls sample ``index`` has completed with ``delta`` (``whole()``: all of its
+        output so far, read only where a call may have ended), checked in a worker thread."""
+        prefix = self._complete_part(index, whole, delta)
         if prefix is None:
             return ()
         read = functools.partial(
@@ -307,13 +307,14 @@ class CallStreams:
         self.ids[index].extend(call.id for call in new)
         return new
 
-    def _complete_part(self, index: int, text: str, delta: str) -> str | None:
+    def _complete_part(self, index: int, whole: Callable[[], str], delta: str) -> str | None:
         """The output up to its last call's end, where ``delta`` may have ended one."""
         if self.tools.choice in ("required", "function"):
-            return text if "}" in delta else None
+            return whole() if "}" in delta else None
         end = self.auto.end_token if self.tools.choice == "auto" and self.auto else None
         if end is None or end[-1] not in delta:
             return None
+        text = whole()
         ends = text.count(end)
         if ends <= self._ends_seen[index]:
             return None
