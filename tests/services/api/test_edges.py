@@ -54,7 +54,10 @@ async def test_streams_are_relayed_through_the_edges_and_every_other_call_passes
         info = await client.model_info()
         health = await client.health()
     deltas = [m for m in messages if m.HasField("delta")]
-    assert len(deltas) == 12  # a token a step, a message a token
+    # every token relayed, a message an engine step: a synthetic clock that ran late on a loaded
+    # host makes two tokens in one step (CI once saw 11 messages for 12 tokens)
+    assert sum(len(d.delta.token_ids) for d in deltas) == 12
+    assert len(deltas) >= 6
     assert messages[-1].HasField("final")
     assert messages[-1].final.usage.completion_tokens == 12
     assert "".join(d.delta.text for d in deltas) == whole.text
