@@ -28,6 +28,7 @@ class Stage(enum.StrEnum):
     EMBEDDING = "embedding"  # an image's encoder output
     RESPONSE = "response"  # an engine run shared by identical requests
     FETCH = "fetch"  # an image URL's bytes
+    VIDEO = "video"  # a clip's sampled frames
 
     @property
     def tier_use(self) -> TierUse:
@@ -36,7 +37,7 @@ class Stage(enum.StrEnum):
 
     @property
     def is_media(self) -> bool:
-        """Its values are an image's (its lookups' label is the image's digest): the media
+        """Its values are an image's or a clip's (its lookups' label is the digest): the media
         level of the metrics, and the digest a watcher is told."""
         return self in _MEDIA
 
@@ -66,7 +67,9 @@ _TIER_USES: Final[Mapping[Stage, TierUse]] = MappingProxyType(
         Stage.RESPONSE: TierUse(Stage.RESPONSE, write=False),
         # a URL's bytes are fresh for a short window, on this replica
         Stage.FETCH: TierUse(Stage.FETCH, read=False, write=False),
+        # decoding a clip costs far more than a round trip, unlike an image: frames are shared
+        Stage.VIDEO: TierUse(Stage.VIDEO),
     }
 )
 
-_MEDIA: Final = frozenset({Stage.IMAGE, Stage.EMBEDDING})
+_MEDIA: Final = frozenset({Stage.IMAGE, Stage.EMBEDDING, Stage.VIDEO})

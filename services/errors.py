@@ -3,10 +3,14 @@
     MmgateError
      ├── InvalidRequest        the request cannot be served as sent (each Violation names a field)
      ├── ImageRejected         bytes mmgate will not decode (the media stage names the image)
+     ├── VideoRejected         video bytes mmgate will not decode, or one that broke its bounds
+     ├── DecodeStopped         a decode whose caller has gone was stopped
      ├── ImageNotHeld          a digest this server does not hold (any more): resend the bytes
-     ├── UrlNotAllowed         an image URL the guard refused (the rule named, never the host)
-     ├── ImageFetchFailed      an image URL not fetched: it timed out, was unavailable or refused
+     │    └── VideoNotHeld     the same for a clip's digest
+     ├── UrlNotAllowed         a media URL the guard refused (the rule named, never the host)
+     ├── ImageFetchFailed      a media URL not fetched: it timed out, was unavailable or refused
      ├── ModelTakesNoImages    images sent to a text-only model
+     ├── ModelTakesNoVideo     videos sent to a model that takes none
      ├── EngineUnavailable     the engine is not started, has failed, or is shutting down
      ├── InjectedFault         a failure injected on purpose (MMGATE_CHAOS__*, reliability runs)
      ├── AdapterNotFound       an adapter the server does not serve, or the caller may not use
@@ -51,6 +55,14 @@ class ImageRejected(MmgateError, ValueError):
     """The bytes are not an image mmgate will decode; the message says why."""
 
 
+class VideoRejected(MmgateError, ValueError):
+    """The bytes are not a video mmgate will decode; the message says why."""
+
+
+class DecodeStopped(MmgateError):
+    """A decode whose caller has gone was stopped (between two frames)."""
+
+
 class ImageNotHeld(MmgateError, LookupError):
     """A request referred to an image by digest, and this server does not hold it (any more)."""
 
@@ -60,18 +72,32 @@ class ImageNotHeld(MmgateError, LookupError):
         self.index = index
 
 
+class VideoNotHeld(ImageNotHeld):
+    """A request referred to a clip by digest, and this server does not hold its frames (any
+    more, or not for the frames it asks for)."""
+
+    def __init__(self, digest: str, index: int) -> None:
+        MmgateError.__init__(
+            self, f"videos[{index}]: video {digest} is not held here; send its bytes"
+        )
+        self.digest = digest
+        self.index = index
+
+
 class UrlNotAllowed(MmgateError):
     """An image URL the guard refused: the rule is named, never an internal host's address."""
 
-    def __init__(self, index: int, rule: str, detail: str) -> None:
-        super().__init__(f"images[{index}].url: {detail} (rule: {rule})")
+    def __init__(self, index: int, rule: str, detail: str, field: str = "images") -> None:
+        super().__init__(f"{field}[{index}].url: {detail} (rule: {rule})")
         self.index = index
         self.rule = rule
         self.detail = detail
+        self.field = field
 
-    def at(self, index: int) -> UrlNotAllowed:
-        """The same refusal for a request that has the URL at another index (a shared fetch)."""
-        return UrlNotAllowed(index, self.rule, self.detail)
+    def at(self, index: int, field: str = "images") -> UrlNotAllowed:
+        """The same refusal for a request that has the URL at another index (a shared fetch),
+        or in its ``field`` ("videos")."""
+        return UrlNotAllowed(index, self.rule, self.detail, field)
 
 
 class ImageFetchFailed(MmgateError):
@@ -80,16 +106,20 @@ class ImageFetchFailed(MmgateError):
     upstream 4xx, not an image, too large: FAILED_PRECONDITION). The upstream's status, never
     its body."""
 
-    def __init__(self, index: int, kind: str, detail: str, upstream_status: int = 0) -> None:
-        super().__init__(f"images[{index}].url: {detail}")
+    def __init__(
+        self, index: int, kind: str, detail: str, upstream_status: int = 0, field: str = "images"
+    ) -> None:
+        super().__init__(f"{field}[{index}].url: {detail}")
         self.index = index
         self.kind = kind
         self.detail = detail
         self.upstream_status = upstream_status
+        self.field = field
 
-    def at(self, index: int) -> ImageFetchFailed:
-        """The same failure for a request that has the URL at another index (a shared fetch)."""
-        return ImageFetchFailed(index, self.kind, self.detail, self.upstream_status)
+    def at(self, index: int, field: str = "images") -> ImageFetchFailed:
+        """The same failure for a request that has the URL at another index (a shared fetch),
+        or in its ``field`` ("videos")."""
+        return ImageFetchFailed(index, self.kind, self.detail, self.upstream_status, field)
 
 
 class ModelTakesNoImages(MmgateError):
@@ -97,6 +127,14 @@ class ModelTakesNoImages(MmgateError):
 
     def __init__(self, model: str) -> None:
         super().__init__(f"model {model} takes no images")
+        self.model = model
+
+
+class ModelTakesNoVideo(MmgateError):
+    """Videos sent to a model that takes none: refused before any video work."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"model {model} takes no video")
         self.model = model
 
 
@@ -180,6 +218,7 @@ class TenantOverloaded(MmgateError):
 __all__ = [
     "AdapterNotFound",
     "AdapterRefused",
+    "DecodeStopped",
     "Draining",
     "EngineUnavailable",
     "EntryNotFound",
@@ -190,10 +229,13 @@ __all__ = [
     "InvalidRequest",
     "MmgateError",
     "ModelTakesNoImages",
+    "ModelTakesNoVideo",
     "NotPermitted",
     "ServerOverloaded",
     "TenantOverloaded",
     "Unauthenticated",
     "UrlNotAllowed",
+    "VideoNotHeld",
+    "VideoRejected",
     "Violation",
 ]

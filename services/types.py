@@ -1,6 +1,6 @@
 """The data one request carries through the layers, and the snapshots operators read.
 
-At the bottom of the import graph: this module imports nothing of mmgate, so the API edge, the
+At the bottom of the import graph (with media_types.py and tool_types.py): the API edge, the
 pipeline, the engine and observability can all speak of the same things without importing each
 other. Everything here is a frozen dataclass except ``MediaStats``, which the media stage counts
 into (snapshots are copies).
@@ -18,7 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, final
 
-# a chat's tools (services/tool_types.py), re-exported with the request they travel in
+# a request's videos and the media stage's counts (services/media_types.py), and a chat's tools
+# (services/tool_types.py), re-exported with the request they travel in
+from .media_types import EngineVideos, MediaStats, VideoInput, VideoReport
 from .tool_types import ToolCall, Tools
 
 CachePolicy = Literal["prompt", "response", "bypass"]
@@ -120,6 +122,7 @@ class GenerationRequest:
     tools: Tools | None = None
     # with a reasoning parser: the model's thinking handed out apart (False: left out)
     include_reasoning: bool = True
+    videos: tuple[VideoInput, ...] = ()
 
     @property
     def input_field(self) -> str:
@@ -179,6 +182,7 @@ class EngineRequest:
     prompt_token_ids: tuple[int, ...]
     sampling: Sampling
     images: EngineImages | None = None
+    videos: EngineVideos | None = None
     # W3C trace context for vLLM's own spans (traceparent, tracestate)
     trace_headers: Mapping[str, str] | None = None
     label: str = ""
@@ -308,6 +312,7 @@ class Finished:
     adapter: AdapterRef | None = None
     # how long the request waited in mmgate's queue for an engine slot, and at what priority
     queue_ms: float = 0.0
+    videos: tuple[VideoReport, ...] = ()
     priority: int = 0
 
 
@@ -388,20 +393,6 @@ class AdapterStats:
     generated_tokens: Mapping[str, int] = field(default_factory=dict)
     served: int = 0  # adapters a request may name now
     loads: Mapping[str, int] = field(default_factory=dict)  # run-time loads by outcome
-
-
-@final
-@dataclass(slots=True)
-class MediaStats:
-    """What the media stage did itself: work the cache saved shows as work not done here."""
-
-    decodes: int = 0
-    decode_seconds: float = 0.0
-    encodes: int = 0
-    encode_seconds: float = 0.0
-    rejected: int = 0
-    not_held: int = 0
-    encode_batches: int = 0
 
 
 @final

@@ -26,11 +26,14 @@ TRACE_HEADERS: Final = ("traceparent", "tracestate")
 ERROR_DOMAIN: Final = "mmgate.v1"
 # a digest the server does not hold (any more): the client resends the image's bytes
 IMAGE_NOT_FOUND: Final = "IMAGE_NOT_FOUND"
+# the same for a video's digest: the client resends the clip's bytes
+VIDEO_NOT_FOUND: Final = "VIDEO_NOT_FOUND"
 OVERLOADED: Final = "OVERLOADED"
 DRAINING: Final = "DRAINING"
 ENGINE_UNAVAILABLE: Final = "ENGINE_UNAVAILABLE"
 CACHE_UNAVAILABLE: Final = "CACHE_UNAVAILABLE"
 MODEL_TAKES_NO_IMAGES: Final = "MODEL_TAKES_NO_IMAGES"
+MODEL_TAKES_NO_VIDEO: Final = "MODEL_TAKES_NO_VIDEO"
 ANSWER_TOO_LARGE: Final = "ANSWER_TOO_LARGE"  # more than the server sends in one message
 INJECTED_FAULT: Final = "INJECTED_FAULT"  # a chaos run's fault (never with chaos off)
 ADAPTER_NOT_FOUND: Final = "ADAPTER_NOT_FOUND"  # not served, or not this caller's to use
@@ -49,8 +52,12 @@ IMAGE_FETCH_FAILED: Final = "IMAGE_FETCH_FAILED"
 
 # In a prompt or a chat message, where the request's next image goes.
 IMAGE_PLACEHOLDER: Final = "<image>"
+# In a chat message, where the request's next video goes.
+VIDEO_PLACEHOLDER: Final = "<video>"
 # The image formats mmgate decodes (nothing else: each format is a parser an attacker could aim at).
 MIME_TYPES: Final = ("image/png", "image/jpeg", "image/webp")
+# The video containers mmgate decodes, the same way: MP4 (and QuickTime), WebM, AVI.
+VIDEO_MIME_TYPES: Final = ("video/mp4", "video/webm", "video/x-msvideo")
 
 DIGEST_PREFIX: Final = "sha256:"
 _DIGEST: Final = re.compile(r"sha256:[0-9a-f]{64}")
@@ -87,6 +94,7 @@ __all__ = [
     "INJECTED_FAULT",
     "MIME_TYPES",
     "MODEL_TAKES_NO_IMAGES",
+    "MODEL_TAKES_NO_VIDEO",
     "OVERLOADED",
     "TENANT_HEADER",
     "TENANT_MISMATCH",
@@ -94,6 +102,9 @@ __all__ = [
     "TRACE_HEADERS",
     "UNTRUSTED_PEER",
     "URL_NOT_ALLOWED",
+    "VIDEO_MIME_TYPES",
+    "VIDEO_NOT_FOUND",
+    "VIDEO_PLACEHOLDER",
     "digest_of",
     "is_digest",
 ]

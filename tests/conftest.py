@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from services.engine.worker import EngineWorker
-from services.models import build_tiny_llava
+from services.models import build_tiny_llava, build_tiny_video
 from tests.redis_support import RedisProcess, redis_server
 from tests.replicas import Replicas
 from tests.support import ENGINE_STARTS, LLAVA_GRACE_SECONDS, RunningServer, start_server
@@ -58,6 +58,11 @@ def shared_replicas(
 @pytest.fixture(scope="session")
 def tiny_llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_llava(tmp_path_factory.mktemp("models") / "tiny-llava")
+
+
+@pytest.fixture(scope="session")
+def tiny_video(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_video(tmp_path_factory.mktemp("models") / "tiny-video")
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,7 @@ from google.protobuf.message import Message
 
 from ..config import Settings
 from ..engine.protocol import ServedEngine
+from ..media_types import VideoReport
 from ..pipeline.generation import Pipeline, PipelineRef
 from ..pipeline.prompts import ToolTemplate
 from ..pipeline.request import Request, loop_deadline
@@ -156,12 +157,18 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             eos_token_ids=facts.eos_token_ids,
             bos_token_id=facts.bos_token_id,
             takes_images=pipeline.media.takes_images,
+            takes_video=pipeline.media.videos.takes_video,
             media_mode=pipeline.media.mode,
             has_chat_template=facts.has_chat_template,
             structured_output_backend=facts.structured_output_backend,
             limits=pb.ModelLimits(
                 max_tokens=self.engine.max_model_len - 1,
                 max_images=settings.media.max_images_per_request,
+                max_videos=settings.media.max_videos_per_request,
+                max_video_frames=settings.media.max_video_frames,
+                max_video_bytes=settings.media.max_video_bytes,
+                max_video_seconds=settings.media.max_video_seconds,
+                max_video_frame_pixels=settings.media.max_video_frame_pixels,
                 min_stream_interval=settings.engine.stream_interval,
                 max_message_bytes=settings.max_message_bytes,
                 max_stop_strings=settings.max_stop_strings,
@@ -238,13 +245,15 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         caller: Caller,
         deadline: float,
     ) -> Request:
-        pipeline.check_ready(with_images=bool(message.images))  # before any image work
+        # before any image or video work
+        pipeline.check_ready(with_images=bool(message.images), with_videos=bool(message.videos))
         checked = validate(
             message,
             self.settings,
             max_model_len=pipeline.engine.max_model_len,
             vocab_size=pipeline.engine.vocab_size,
             takes_images=pipeline.media.takes_images,
+            takes_video=pipeline.media.videos.takes_video,
         )
         adapter = adapter_for(caller, message.adapter, self.engine)
         priority = priority_of(message, self.settings.tenants.scheduling_of(caller.tenant))
@@ -327,6 +336,7 @@ async def _fill_final(final: pb.GenerateFinal, event: Finished) -> None:
             cached_prompt_tokens=event.cached_prompt_tokens,
             response_from_cache=event.response_from_cache,
             images=[_image_report(report) for report in event.images],
+            videos=[_video_report(report) for report in event.videos],
         ),
         request_id=event.request_id,
         model=event.model,
@@ -351,6 +361,16 @@ def _lookup(report: LookupReport) -> pb.CacheLookup:
         tier=report.tier,
         wait_ms=report.wait_ms,
         reason=report.reason,
+    )
+
+
+def _video_report(report: VideoReport) -> pb.VideoReport:
+    return pb.VideoReport(
+        digest=report.digest,
+        outcome=report.outcome,
+        tier=report.tier,
+        form=report.form,
+        frames=report.frames,
     )
 
 

@@ -39,11 +39,13 @@ from ..errors import (
     InjectedFault,
     InvalidRequest,
     ModelTakesNoImages,
+    ModelTakesNoVideo,
     NotPermitted,
     ServerOverloaded,
     TenantOverloaded,
     Unauthenticated,
     UrlNotAllowed,
+    VideoNotHeld,
     Violation,
 )
 from ..wire import (
@@ -59,9 +61,11 @@ from ..wire import (
     IMAGE_NOT_FOUND,
     INJECTED_FAULT,
     MODEL_TAKES_NO_IMAGES,
+    MODEL_TAKES_NO_VIDEO,
     OVERLOADED,
     TENANT_OVERLOADED,
     URL_NOT_ALLOWED,
+    VIDEO_NOT_FOUND,
 )
 
 Code = grpc.StatusCode
@@ -174,7 +178,8 @@ def _adapter_refused(exc: AdapterRefused) -> ServiceError:
 
 def _image_not_held(exc: ImageNotHeld) -> ServiceError:
     metadata = {"digest": exc.digest, "index": str(exc.index)}
-    return ServiceError(Code.NOT_FOUND, str(exc), reason=IMAGE_NOT_FOUND, metadata=metadata)
+    reason = VIDEO_NOT_FOUND if isinstance(exc, VideoNotHeld) else IMAGE_NOT_FOUND
+    return ServiceError(Code.NOT_FOUND, str(exc), reason=reason, metadata=metadata)
 
 
 def _url_not_allowed(exc: UrlNotAllowed) -> ServiceError:
@@ -214,13 +219,15 @@ STATUSES: Final[Mapping[type[BaseException] | str, ToStatus]] = {
     InvalidRequest: lambda exc: invalid(exc.violations),
     AdapterRefused: _adapter_refused,
     ModelTakesNoImages: _said(Code.FAILED_PRECONDITION, MODEL_TAKES_NO_IMAGES),
+    ModelTakesNoVideo: _said(Code.FAILED_PRECONDITION, MODEL_TAKES_NO_VIDEO),
     # who asks: the reason is the failure's own
     Unauthenticated: _own_reason(Code.UNAUTHENTICATED),  # CREDENTIALS_MISSING or _INVALID
     NotPermitted: _own_reason(Code.PERMISSION_DENIED),  # TENANT_MISMATCH or ADMIN_ONLY
     # not there, or not there for this caller: one answer either way, so nothing leaks
     EntryNotFound: _said(Code.NOT_FOUND, ENTRY_NOT_FOUND),
     AdapterNotFound: _said(Code.NOT_FOUND, ADAPTER_NOT_FOUND),
-    ImageNotHeld: _image_not_held,  # + the digest and its index: resend the bytes
+    # + the digest and its index: resend the bytes (a clip's: VIDEO_NOT_FOUND)
+    ImageNotHeld: _image_not_held,
     # image URLs: the rule, or the upstream's status, never an internal host or a body
     UrlNotAllowed: _url_not_allowed,
     ImageFetchFailed: _fetch_failed,  # its code by kind: _FETCH_CODES

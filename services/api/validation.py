@@ -20,25 +20,18 @@ from google.protobuf.message import Message
 
 from ..config import Settings
 from ..errors import InvalidRequest, Violation
-from ..pipeline.media.fetch import url_problem
+from ..media_types import VideoInput
 from ..proto.mmgate.v1 import inference_pb2 as pb
 from ..tool_types import Tools
-from ..types import (
-    CachePolicy,
-    ChatTurn,
-    Constraint,
-    GenerationRequest,
-    ImageInput,
-    Sampling,
-)
+from ..types import CachePolicy, ChatTurn, Constraint, GenerationRequest, ImageInput, Sampling
 from ..wire import IMAGE_PLACEHOLDER, MIME_TYPES, is_digest
 from .constraints import checked_constraint
+from .media_inputs import checked_videos, url_violations
 from .tools import checked_tools, tool_turn_fields
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
 MAX_STOP_CHARS = 256
-MAX_URL_CHARS = 2048  # an image URL's length, as browsers and CDNs keep to
 # alternatives per token (SamplingParams.logprobs, prompt_logprobs): vLLM's default max_logprobs
 MAX_LOGPROBS = 20
 # token ids named one by one in a refusal: the rest are counted
@@ -82,6 +75,7 @@ def validate(
     max_model_len: int,
     vocab_size: int | None = None,
     takes_images: bool = False,
+    takes_video: bool = False,
 ) -> GenerationRequest:
     """Check a GenerateRequest against the contract, the model and the server's limits
     (``vocab_size`` None: token ids are checked against no vocabulary)."""
@@ -143,9 +137,11 @@ def validate(
         truncate = request.sampling.truncate_prompt_tokens
         if not 1 <= truncate < max_model_len:
             bad("sampling.truncate_prompt_tokens", f"must be between 1 and {max_model_len - 1}")
+        # the last tokens could begin inside an image's (a video's) placeholder tokens
         if request.images:
-            # the last tokens could begin inside an image's placeholder tokens
             bad("sampling.truncate_prompt_tokens", "cannot be used with images")
+        elif request.videos:
+            bad("sampling.truncate_prompt_tokens", "cannot be used with videos")
     if kind == "token_ids" and request.images:
         # an image's tokens are the engine's to place: it needs the placeholder in a text
         bad("images", "token_ids take no images; send the prompt as text or chat")
@@ -153,6 +149,13 @@ def validate(
         text_field = "prompt" if kind == "prompt" else "chat.messages"
         texts = [prompt] if prompt is not None else [t.content for t in chat or ()]
         _images(request.images, texts, text_field, settings, bad)
+    videos: tuple[VideoInput, ...] = ()
+    if request.videos and kind != "chat":
+        # the model's video tokens are its chat template's to place
+        bad("videos", "videos go with chat: place each with <video> in a message")
+    elif takes_video and request.videos:
+        contents = [turn.content for turn in chat or ()]
+        videos = checked_videos(request.videos, contents, settings.media, bad)
 
     request_id = request.request_id
     # fullmatch: "$" would let a trailing newline through, into logs and spans
@@ -177,6 +180,7 @@ def validate(
         token_ids=token_ids,
         tools=tools,
         include_reasoning=not request.HasField("include_reasoning") or request.include_reasoning,
+        videos=videos,
     )
 
 
@@ -284,16 +288,7 @@ def image_violations(image: pb.Image, settings: Settings, prefix: str = "") -> l
                 Violation(f"{prefix}data", f"{len(image.data)} bytes; the limit is {limit}")
             )
     if image.WhichOneof("source") == "url":
-        url = image.url
-        if not url or len(url) > MAX_URL_CHARS or not url.isprintable() or " " in url:
-            found.append(
-                Violation(
-                    f"{prefix}url",
-                    f"an absolute URL of 1 to {MAX_URL_CHARS} printable characters, no spaces",
-                )
-            )
-        elif (problem := url_problem(url)) is not None:
-            found.append(Violation(f"{prefix}url", problem))
+        found += url_violations(image.url, f"{prefix}url")
     if image.mime_type and image.mime_type not in MIME_TYPES:
         found.append(
             Violation(

@@ -13,6 +13,7 @@ mmgate bench [--concurrency N | --rate R] (--requests N | --duration S) [--json 
 mmgate models prepare [--cache DIR]
 mmgate models tiny PATH [--seed N]          a tiny random Llama (tests)
 mmgate models tiny-llava PATH [--seed N]    a tiny random LLaVA (multimodal tests)
+mmgate models tiny-video PATH [--seed N]    a tiny random Qwen2-VL (video tests)
 mmgate models vitl-llava PATH [--seed N]    a random LLaVA, ViT-L/14-336-sized tower (benchmarks)
 mmgate models adapter MODEL PATH [--seed N] [--rank R] [--vision]   a random LoRA adapter (tests)
 """
@@ -185,6 +186,8 @@ def _models(args: argparse.Namespace) -> int:
         path = models.build_tiny_model(Path(args.path), seed=args.seed)
     elif args.models_command == "tiny-llava":
         path = models.build_tiny_llava(Path(args.path), seed=args.seed)
+    elif args.models_command == "tiny-video":
+        path = models.build_tiny_video(Path(args.path), seed=args.seed)
     elif args.models_command == "vitl-llava":
         path = models.build_vitl_llava(Path(args.path), seed=args.seed)
     elif args.models_command == "adapter":
@@ -292,6 +295,7 @@ def _parser() -> argparse.ArgumentParser:
     for name, what in (
         ("tiny", "a tiny random Llama"),
         ("tiny-llava", "a tiny random LLaVA"),
+        ("tiny-video", "a tiny random Qwen2-VL (video)"),
         ("vitl-llava", "a random LLaVA with a ViT-L/14-336-sized vision tower"),
     ):
         build = model_commands.add_parser(name, help=f"build {what} for tests, once")

@@ -20,6 +20,7 @@ from ..wire import (
     AFFINITY_HEADER,
     IMAGE_NOT_FOUND,
     IMAGE_PLACEHOLDER,
+    VIDEO_PLACEHOLDER,
     digest_of,
     is_digest,
 )
@@ -43,6 +44,7 @@ def build_request(
     *,
     messages: Sequence[tuple[str, str] | inference_pb2.ChatMessage] | None = None,
     images: Sequence[bytes | str] = (),
+    videos: Sequence[bytes | str | inference_pb2.Video] = (),
     raw: bool = False,
     request_id: str = "",
     cache_policy: str = "prompt",
@@ -60,7 +62,9 @@ def build_request(
     (None: its tenant's default).
 
     The input: ``prompt`` (chat-rendered unless ``raw``), ``messages``, or ``token_ids`` (a
-    prompt tokenized with the served model's tokenizer). One constraint at most:
+    prompt tokenized with the served model's tokenizer). ``images`` and ``videos`` (a chat's
+    only): bytes, a URL for the server to fetch, or (videos) a Video message with its frame
+    sampling; a prompt with none of their placeholders gets them in front. One constraint at most:
     ``json_schema`` (JSON text or a dict), ``regex``, ``grammar``, ``choice`` (a list of
     strings) or ``json_object=True``.
 
@@ -78,6 +82,7 @@ def build_request(
         cache_policy=CACHE_POLICIES[cache_policy],
         sampling=inference_pb2.SamplingParams(**fields),
         images=[_image(image) for image in images],
+        videos=[_video(video) for video in videos],
         adapter=adapter,
         priority=priority,
     )
@@ -91,6 +96,8 @@ def build_request(
     texts = [prompt or ""] + [turn.content for turn in turns]
     if images and prompt is not None and not any(IMAGE_PLACEHOLDER in t for t in texts):
         prompt = IMAGE_PLACEHOLDER * len(images) + "\n" + prompt
+    if videos and prompt is not None and not any(VIDEO_PLACEHOLDER in t for t in texts):
+        prompt = VIDEO_PLACEHOLDER * len(videos) + "\n" + prompt
     if raw:
         request.prompt = prompt or ""
     else:
@@ -116,11 +123,21 @@ def _image(image: bytes | str) -> inference_pb2.Image:
     return inference_pb2.Image(data=image)
 
 
+def _video(video: bytes | str | inference_pb2.Video) -> inference_pb2.Video:
+    """Bytes, a video URL for the server to fetch, or a Video as it is."""
+    if isinstance(video, inference_pb2.Video):
+        return video
+    if isinstance(video, str):
+        return inference_pb2.Video(url=video)
+    return inference_pb2.Video(data=video)
+
+
 def affinity_of(request: inference_pb2.GenerateRequest) -> str | None:
-    """The request's affinity key: the digest of its first image, else of its system prompt
-    (the prefix requests share); None for a request with neither."""
-    if request.images:
-        first = request.images[0]
+    """The request's affinity key: the digest of its first image (else its first video), else
+    of its system prompt (the prefix requests share); None for a request with none of them."""
+    media = request.images or request.videos
+    if media:
+        first = media[0]
         if first.HasField("digest"):
             # only a well-formed one: anything else is the server's to refuse, and would not
             # even be a legal header value

@@ -164,6 +164,19 @@ class MediaSettings(BaseModel):
     shrink_images: bool = True
     """Store decoded images at the size the model's image processor resizes them to, where that
     leaves its output unchanged (fixed-resolution processors; checked at start)."""
+    max_videos_per_request: int = Field(2, gt=0)
+    """Most videos in one request (a model that takes video)."""
+    max_video_bytes: int = Field(64 * MiB, gt=0)
+    """Largest clip, as sent or fetched."""
+    max_video_seconds: float = Field(600.0, gt=0)
+    """Longest clip, by the frame count and rate its header states, checked before decoding."""
+    max_video_frames: int = Field(32, gt=0, le=1024)
+    """Most frames sampled from one clip (Video.num_frames' default and ceiling; vLLM's own
+    default is 32)."""
+    max_video_frame_pixels: int = Field(1920 * 1080, gt=0)
+    """Most pixels (width x height) of one frame, from the clip's header, before decoding."""
+    video_decode_seconds: float = Field(20.0, gt=0)
+    """Longest a clip's decode may take; past it the clip is refused and the decode stops."""
 
 
 class RedisSettings(BaseModel):
@@ -184,6 +197,8 @@ class RedisSettings(BaseModel):
     """How long an encoder output stays in Redis."""
     response_ttl_seconds: float = Field(24 * 3600.0, gt=0)
     """How long a finished shared response stays in Redis."""
+    video_ttl_seconds: float = Field(24 * 3600.0, gt=0)
+    """How long a clip's sampled frames stay in Redis."""
     max_value_bytes: int = Field(32 * MiB, gt=0)
     """A larger value is not written (and one read back is refused)."""
     write_queue: int = Field(ACTOR_DEFAULTS.tier_write_queue, gt=0)

@@ -17,10 +17,12 @@ from typing import final
 @final
 @dataclass(frozen=True, slots=True)
 class ImageIntake:
-    """How the engine takes images: up to ``per_prompt`` a request, as embeddings too."""
+    """How the engine takes images: up to ``per_prompt`` a request, as embeddings too; and up
+    to ``videos`` clips a request (0: the model takes none)."""
 
     per_prompt: int
     embeddings: bool
+    videos: int = 0
 
 
 @final

@@ -153,6 +153,23 @@ def unseal_tensor(
     return tensor
 
 
+def seal_frames(stage: str, frames: Any, *, key: str, secret: bytes | None = None) -> bytes:
+    """A clip's frames, a numpy array of (frames, height, width, 3) RGB bytes, as a tensor."""
+    import torch
+
+    return seal_tensor(stage, torch.from_numpy(frames), key=key, secret=secret)
+
+
+def unseal_frames(data: bytes, stage: str, *, key: str, secret: bytes | None = None) -> Any:
+    """A clip's frames read back, checked to be frames (uint8, RGB) before they are trusted."""
+    import torch
+
+    tensor = unseal_tensor(data, stage, key=key, secret=secret)
+    if tensor.dtype != torch.uint8 or tensor.dim() != 4 or tensor.shape[-1] != 3:
+        raise BadValue(f"not a clip's frames: a {tensor.dtype} tensor of {list(tensor.shape)}")
+    return tensor.numpy()
+
+
 def seal_json(stage: str, value: Any, *, key: str, secret: bytes | None = None) -> bytes:
     payload = json.dumps(value, separators=(",", ":")).encode()
     return seal("json", stage, payload, key=key, secret=secret)
@@ -171,9 +188,11 @@ __all__ = [
     "VERSION",
     "BadValue",
     "seal",
+    "seal_frames",
     "seal_json",
     "seal_tensor",
     "unseal",
+    "unseal_frames",
     "unseal_json",
     "unseal_tensor",
 ]

@@ -144,7 +144,10 @@ class EngineWorker:
             share = s.gpu_memory_utilization if plan.device_share is None else plan.device_share
             kwargs["gpu_memory_utilization"] = share
         if plan.images is not None:
-            kwargs["limit_mm_per_prompt"] = {"image": plan.images.per_prompt}
+            limits = {"image": plan.images.per_prompt}
+            if plan.images.videos:
+                limits["video"] = plan.images.videos
+            kwargs["limit_mm_per_prompt"] = limits
             # mmgate's encoder-output cache hands vLLM image embeddings instead of pixels
             kwargs["enable_mm_embeds"] = plan.images.embeddings
         if s.lora:
@@ -329,10 +332,18 @@ class EngineWorker:
             # mixed into the first KV block's hash: no block of this tenant's prompts matches
             # another tenant's, so cached_prompt_tokens cannot tell one what another sent
             prompt["cache_salt"] = request.cache_salt
+        media: dict[str, Any] = {}
+        uuids: dict[str, Any] = {}
         if images is not None and images.items:
-            prompt["multi_modal_data"] = {"image": engine_image_data(images)}
+            media["image"] = engine_image_data(images)
             # vLLM's processor and prefix caches key on the digest, as mmgate's cache does
-            prompt["multi_modal_uuids"] = {"image": list(images.uuids)}
+            uuids["image"] = list(images.uuids)
+        if request.videos is not None and request.videos.items:
+            media["video"] = list(request.videos.items)
+            uuids["video"] = list(request.videos.uuids)
+        if media:
+            prompt["multi_modal_data"] = media
+            prompt["multi_modal_uuids"] = uuids
         # held until the run ends (released below): an unload lets it finish
         lora = await self.adapters.acquire(request.adapter) if self.adapters is not None else None
         span = EngineTrace.start(self.model_name, request)

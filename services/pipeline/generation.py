@@ -36,7 +36,8 @@ from ..engine.protocol import Engine
 from ..engine.reasoning import ReasoningParsers, SampleReasoning
 from ..engine.tools import AutoCalls, has_tool_parser
 from ..errors import EngineUnavailable, InvalidRequest
-from ..observability.media_metrics import media_families
+from ..media_types import EngineVideos, VideoReport, VideoStats
+from ..observability.media_metrics import media_families, video_families
 from ..observability.metric_families import info_families
 from ..observability.queue_metrics import QueueStats, queue_families
 from ..observability.spans import span
@@ -143,12 +144,14 @@ class Pipeline:
             priority=priority,
         )
 
-    def check_ready(self, *, with_images: bool) -> None:
+    def check_ready(self, *, with_images: bool, with_videos: bool = False) -> None:
         """Refuse at once what cannot be served now, before any validation or cache work."""
         if not self.engine.ready:
             raise EngineUnavailable("the engine is not ready")
         if with_images:
             self.media.refuse()  # a text model's stage says why: ModelTakesNoImages
+        if with_videos:
+            self.media.videos.refuse()  # ModelTakesNoVideo
 
     async def generate(
         self, request: Request, *, whole: bool = False
@@ -158,26 +161,36 @@ class Pipeline:
         checked, engine, media = request.checked, self.engine, self.media
         self.chaos.at_request(request.tenant, self.cache)
         prompt = await self.prompts.prompt(request, engine.model_name)
+        # a clip's tokens depend on its frames and the model's processor: its placeholder is
+        # counted as one, a lower bound, and the engine checks the whole length itself
         expanded = len(prompt.token_ids) + len(checked.images) * (media.placeholder_tokens - 1)
         sampling = fit(checked, expanded, engine.max_model_len, self.settings.default_max_tokens)
         images: EngineImages | None = None
         image_reports: tuple[ImageReport, ...] = ()
+        isolation = self.isolation
+        call = MediaCall(isolation.media_tenant(request.tenant), request.deadline)
         if checked.images:
-            isolation = self.isolation
-            call = MediaCall(isolation.media_tenant(request.tenant), request.deadline)
             prepared = await media.prepare(checked.images, call)
             images, image_reports = prepared.engine, prepared.reports
             if images is not None:
                 # vLLM's processor and encoder caches key on these: salted as the prefix cache
                 uuids = isolation.image_uuids(request.tenant, images.uuids)
                 images = dataclasses.replace(images, uuids=uuids)
+        videos: EngineVideos | None = None
+        video_reports: tuple[VideoReport, ...] = ()
+        if checked.videos:
+            clips = await media.videos.prepare(checked.videos, call)
+            uuids = isolation.image_uuids(request.tenant, clips.engine.uuids)
+            videos, video_reports = dataclasses.replace(clips.engine, uuids=uuids), clips.reports
 
         compile_ = None
         if sampling.constraint is not None:
             compile_ = await self.compiles.enter(request.tenant)
         from_cache = False
         if checked.cache_policy == "response" and sampling.deterministic:
-            stream, from_cache = await self.responses.share(request, prompt, sampling, images)
+            stream, from_cache = await self.responses.share(
+                request, prompt, sampling, images, videos
+            )
         else:
             # log-probabilities come step by step even so: all of a run's at once (8 samples of
             # 480 tokens, 20 alternatives each) held the event loop for 2 s as they were converted
@@ -187,7 +200,9 @@ class Pipeline:
                 and sampling.logprobs is None
                 and sampling.prompt_logprobs is None
             )
-            run = request.engine_request(prompt.token_ids, sampling, images, final_only=final_only)
+            run = request.engine_request(
+                prompt.token_ids, sampling, images, videos, final_only=final_only
+            )
             stream = self.runner.run(run, request.tenant)
 
         tally = Tally(sampling.n, keep_text=checked.tools is not None)
@@ -242,6 +257,7 @@ class Pipeline:
             response_from_cache=from_cache,
             lookups=tuple(request.lookups),
             images=image_reports,
+            videos=video_reports,
             samples=samples,
             prompt_logprobs=tally.prompt_logprobs,
             adapter=request.adapter,
@@ -290,6 +306,7 @@ class Pipeline:
         yield from info_families(self.engine.model_name, self.media.mode)
         yield from queue_families(self.queue.stats())
         yield from media_families(dataclasses.replace(self.media.stats))
+        yield from video_families(dataclasses.replace(self.media.videos.stats))
 
     async def close(self) -> None:
         """Cancel shared-response producers still running (shutdown)."""
@@ -386,6 +403,7 @@ class PipelineRef:
         yield from info_families("", self.media_mode)
         yield from queue_families(QueueStats())
         yield from media_families(MediaStats())
+        yield from video_families(VideoStats())
 
 
 __all__ = ["Pipeline", "PipelineRef", "Tally"]

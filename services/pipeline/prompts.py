@@ -13,10 +13,11 @@ from __future__ import annotations
 import contextlib
 import json
 import queue
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import astuple, dataclass
-from typing import Any, Literal, final
+from typing import Any, Final, Literal, final
 
 from cache_actor import Stage
 
@@ -24,7 +25,7 @@ from ..engine.tools import template_takes_tools
 from ..keys import cache_key
 from ..observability.spans import span
 from ..types import ChatTurn, GenerationRequest, RenderedPrompt
-from ..wire import IMAGE_PLACEHOLDER
+from ..wire import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 from .cache_front import CacheFront
 from .request import Request
 from .threads import ThreadPools
@@ -40,8 +41,11 @@ def prompt_payload(request: GenerationRequest) -> Any:
             if turn.tool_call_id or turn.tool_calls:
                 entry += [turn.tool_call_id, [list(astuple(call)) for call in turn.tool_calls]]
             turns.append(entry)
-        # with images, messages are rendered as content parts: another prompt
-        payload = {"chat": turns, "parts": True} if request.images else {"chat": turns}
+        # with images or videos, messages are rendered as content parts: another prompt
+        parts = bool(request.images or request.videos)
+        payload = {"chat": turns, "parts": True} if parts else {"chat": turns}
+        if request.videos:
+            payload["videos"] = True  # "<video>" is a part, not text
         if request.tools is not None and request.tools.tools:
             payload["tools"] = [list(astuple(tool)) for tool in request.tools.tools]
     else:
@@ -51,17 +55,26 @@ def prompt_payload(request: GenerationRequest) -> Any:
     return payload
 
 
-def content_parts(content: str) -> list[dict[str, str]]:
-    """A message's text as OpenAI-style content parts, an image part for each placeholder.
+# a placeholder, as the content part it becomes
+_PARTS: Final = {IMAGE_PLACEHOLDER: "image", VIDEO_PLACEHOLDER: "video"}
+_IMAGES: Final = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)})")
+_IMAGES_AND_VIDEOS: Final = re.compile(f"({'|'.join(map(re.escape, _PARTS))})")
 
-    Chat templates of vision models place the model's own image tokens for {"type": "image"}.
+
+def content_parts(content: str, *, videos: bool = False) -> list[dict[str, str]]:
+    """A message's text as OpenAI-style content parts, an image part for each image placeholder
+    and, in a request with videos, a video part for each video placeholder (without, "<video>"
+    is text, as it was before mmgate took video).
+
+    Chat templates of vision models place the model's own image (video) tokens for
+    {"type": "image"} ({"type": "video"}).
     """
     parts: list[dict[str, str]] = []
-    for i, text in enumerate(content.split(IMAGE_PLACEHOLDER)):
-        if i > 0:
-            parts.append({"type": "image"})
-        if text:
-            parts.append({"type": "text", "text": text})
+    for piece in (_IMAGES_AND_VIDEOS if videos else _IMAGES).split(content):
+        if piece in _PARTS:
+            parts.append({"type": _PARTS[piece]})
+        elif piece:
+            parts.append({"type": "text", "text": piece})
     return parts
 
 
@@ -107,10 +120,10 @@ def _render(
         return _render_with(tokenizer, request, tool_template)
 
 
-def _message(turn: ChatTurn, parts: bool) -> dict[str, Any]:
+def _message(turn: ChatTurn, parts: bool, videos: bool) -> dict[str, Any]:
     message: dict[str, Any] = {
         "role": turn.role,
-        "content": content_parts(turn.content) if parts else turn.content,
+        "content": content_parts(turn.content, videos=videos) if parts else turn.content,
     }
     if turn.tool_call_id:
         message["tool_call_id"] = turn.tool_call_id
@@ -160,7 +173,9 @@ def _render_with(
     tokenizer: Any, request: GenerationRequest, tool_template: ToolTemplate
 ) -> RenderedPrompt:
     if request.chat is not None:
-        messages = [_message(turn, bool(request.images)) for turn in request.chat]
+        parts = bool(request.images or request.videos)
+        videos = bool(request.videos)
+        messages = [_message(turn, parts, videos) for turn in request.chat]
         text = tokenizer.apply_chat_template(
             messages,
             add_generation_prompt=True,

@@ -19,6 +19,7 @@ from typing import Any, final
 
 from cache_actor import Lookup, Stage
 
+from ..media_types import EngineVideos
 from ..types import (
     AdapterRef,
     EngineImages,
@@ -80,6 +81,7 @@ class Request:
         prompt_token_ids: tuple[int, ...],
         sampling: Sampling,
         images: EngineImages | None,
+        videos: EngineVideos | None = None,
         *,
         final_only: bool = False,
     ) -> EngineRequest:
@@ -92,6 +94,7 @@ class Request:
             prompt_token_ids=prompt_token_ids,
             sampling=sampling,
             images=images,
+            videos=videos,
             trace_headers=self.trace_headers or None,
             cache_salt=self.cache_salt,
             final_only=final_only,

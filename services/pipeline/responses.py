@@ -30,6 +30,7 @@ from cache_actor import Lookup, Outcome, Stage
 
 from ..errors import EngineUnavailable
 from ..keys import cache_key
+from ..media_types import EngineVideos
 from ..types import EngineDelta, EngineImages, EngineRequest, RenderedPrompt, Sampling
 from .cache_front import CacheFront
 from .request import Request
@@ -168,6 +169,7 @@ class SharedResponses:
         prompt: RenderedPrompt,
         sampling: Sampling,
         images: EngineImages | None,
+        videos: EngineVideos | None = None,
     ) -> tuple[AsyncGenerator[QueueWait | EngineDelta, None], bool]:
         """The run's deltas for this request, and whether they came from the cache; led by the
         run's wait in the queue for the request that started it."""
@@ -176,6 +178,8 @@ class SharedResponses:
             "sampling": dataclasses.asdict(sampling),
             "images": list(images.uuids) if images is not None else [],
         }
+        if videos is not None:
+            payload["videos"] = list(videos.uuids)
         if request.adapter is not None:
             # by content: an adapter reloaded under its name with other weights answers anew
             payload["adapter"] = request.adapter.digest
@@ -184,7 +188,7 @@ class SharedResponses:
             # the tools are in the prompt already; the choice is how the answer is read
             payload["tool_choice"] = [tools.choice, tools.function, tools.parallel]
         key = cache_key(self.runner.model_name, Stage.RESPONSE, payload)
-        run = request.engine_request(prompt.token_ids, sampling, images)
+        run = request.engine_request(prompt.token_ids, sampling, images, videos)
         tenant = request.tenant
 
         async def start_recording() -> ResponseRecording:

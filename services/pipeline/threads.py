@@ -1,18 +1,20 @@
 """Thread pools for CPU-bound work, each kind with a capacity of its own.
 
     hash ─┐  (image digests)       each pool: CapacityLimiter(its setting) ─ queued callers wait
-    decode ┤ (image bytes → RGB)     here, on the event loop, cancellable (waiting_to_start:
+    decode ┤ (images, clips → RGB)   here, on the event loop, cancellable (waiting_to_start:
     encode ┤ (vision encoder)        a cache flight whose waiters all leave is cancelled before
     render ┘ (chat template)         it starts) ─▶ anyio.to_thread.run_sync ─▶ the thread pool
 
 With one shared executor (``asyncio.to_thread``) a burst of huge images queued every request's
 prompt rendering behind it; here a kind of work can fill only its own pool. A computation that has
-started runs to its end (DESIGN: the flight does not belong to the caller who left).
+started runs to its end (DESIGN: the flight does not belong to the caller who left), but for a
+clip's decode, which takes seconds and stops between frames once nobody waits (run_stoppable).
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Literal, TypeVar, final, get_args
 
@@ -57,6 +59,22 @@ class ThreadPools:
             yield
         finally:
             limiter.release()
+
+    async def run_stoppable(
+        self, pool: Pool, work: Callable[..., T], stop: threading.Event, *args: object
+    ) -> T:
+        """``work(*args)`` in a thread, as :meth:`run`, for work that checks ``stop`` as it goes:
+        cancelled, the caller stops waiting at once and ``stop`` is set, where :meth:`run` waits
+        for the thread to end (a clip's decode left running for nobody, for seconds)."""
+        async with self.capacity(pool):
+            try:
+                return await anyio.to_thread.run_sync(
+                    work, *args, limiter=self._threads, abandon_on_cancel=True
+                )
+            except BaseException:
+                # cancelled (or failed): the thread, if it still runs, ends at its next check
+                stop.set()
+                raise
 
     async def in_thread(self, work: Callable[..., T], *args: object) -> T:
         """``work(*args)`` in a thread, under a pool's :meth:`capacity` held by the caller."""

@@ -1,6 +1,8 @@
 """What the Redis tier stores of each stage, and how (the bytes are engine/values.py's format).
 
     embedding  an encoder output: one tensor (its dtype kept, bf16 included)
+    video      a clip's sampled frames: one uint8 tensor (frames, height, width, 3); decoding a
+               clip again costs far more than the round trip
     response   a shared response that finished normally: its deltas (sample, text, tokens, finish
                and stop reasons, cached and prompt token counts, log-probabilities), read back as
                a finished recording
@@ -19,9 +21,18 @@ from typing import Any, final
 
 from cache_actor import Stage
 
-from ..engine.values import BadValue, seal_json, seal_tensor, unseal_json, unseal_tensor
+from ..engine.values import (
+    BadValue,
+    seal_frames,
+    seal_json,
+    seal_tensor,
+    unseal_frames,
+    unseal_json,
+    unseal_tensor,
+)
 from ..types import EngineDelta, Logprob, TokenLogprobs
 from .media.stages import Embedding
+from .media.videos import ClipFrames
 from .responses import ResponseRecording
 
 
@@ -38,6 +49,21 @@ class EmbeddingCodec:
 
     def decode(self, data: bytes, key: str) -> Embedding:
         return Embedding(unseal_tensor(data, Stage.EMBEDDING, key=key, secret=self.secret))
+
+
+@final
+class VideoCodec:
+    __slots__ = ("secret",)
+
+    def __init__(self, secret: bytes | None = None) -> None:
+        self.secret = secret
+
+    def encode(self, value: Any, key: str) -> bytes:
+        assert isinstance(value, ClipFrames)
+        return seal_frames(Stage.VIDEO, value.frames, key=key, secret=self.secret)
+
+    def decode(self, data: bytes, key: str) -> ClipFrames:
+        return ClipFrames(unseal_frames(data, Stage.VIDEO, key=key, secret=self.secret))
 
 
 @final
@@ -121,7 +147,11 @@ def _read_position(stored: Any) -> TokenLogprobs:
 
 def codecs(secret: bytes | None = None) -> dict[str, Any]:
     """The stages' codecs; ``secret``: the deployment's value secret (MAC'd values), if any."""
-    return {Stage.EMBEDDING: EmbeddingCodec(secret), Stage.RESPONSE: ResponseCodec(secret)}
+    return {
+        Stage.EMBEDDING: EmbeddingCodec(secret),
+        Stage.RESPONSE: ResponseCodec(secret),
+        Stage.VIDEO: VideoCodec(secret),
+    }
 
 
-__all__ = ["EmbeddingCodec", "ResponseCodec", "codecs"]
+__all__ = ["EmbeddingCodec", "ResponseCodec", "VideoCodec", "codecs"]

@@ -1,6 +1,7 @@
-"""Images: the codec (bytes to pixels), one stage class per media mode (stages.py) on one
-context per server (context.py), images by URL (fetch.py), and the plan they are built from,
-read from the model before the engine starts (plan.py)."""
+"""Images and videos: the codecs (bytes to pixels: codec.py, video.py), one stage class per
+media mode (stages.py) and the videos' stage beside it (videos.py) on one context per server
+(context.py), media by URL (fetch.py), and the plan they are built from, read from the model
+before the engine starts (plan.py)."""
 
 from .codec import FORMATS, DecodedImage, decode, limit_pixels, sniff
 from .context import MediaContext
@@ -15,9 +16,12 @@ from .stages import (
     PreparedImages,
     media_stage,
 )
+from .video import VideoFrames, VideoLimits, decode_video, sniff_video
+from .videos import ClipFrames, NoVideos, PreparedVideos, Videos, VideoStage, video_stage
 
 __all__ = [
     "FORMATS",
+    "ClipFrames",
     "DecodedImage",
     "Embedding",
     "EmbeddingsStage",
@@ -26,11 +30,20 @@ __all__ = [
     "MediaPlan",
     "MediaStage",
     "NoImages",
+    "NoVideos",
     "PixelsStage",
     "PreparedImages",
+    "PreparedVideos",
+    "VideoFrames",
+    "VideoLimits",
+    "VideoStage",
+    "Videos",
     "decode",
+    "decode_video",
     "limit_pixels",
     "media_stage",
     "plan_media",
     "sniff",
+    "sniff_video",
+    "video_stage",
 ]

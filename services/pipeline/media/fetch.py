@@ -1,4 +1,5 @@
-"""Images by URL: fetched once per tenant and freshness window, behind an address guard.
+"""Images and videos by URL: fetched once per tenant and freshness window, behind an address
+guard.
 
     Image.url ─▶ cache.get(("fetch", url), tenant) ─ one flight per URL: the others coalesce
                    └─ fetch: for each hop (the URL, then each redirect, at most url_max_redirects)
@@ -7,7 +8,8 @@
                         reserved are not, unless url_allow admits the host or the address)
                         ─▶ connect to that address (TLS checked against the host name): no
                         second lookup for DNS rebinding to change ─▶ 200 and an image type?
-                        ─▶ the body, decompressed, counted against max_image_bytes as it comes
+                        ─▶ the body, decompressed, counted against max_image_bytes (a video's:
+                        max_video_bytes) as it comes
     ─▶ the bytes, and from here the usual path by their digest (decode, encode, tiers, tenancy)
 
 A fetch runs while somebody waits for it, and no longer: each waiter's deadline is its own (the
@@ -41,7 +43,7 @@ from ...errors import ImageFetchFailed, UrlNotAllowed
 from ...keys import cache_key
 from ...observability.media_metrics import FetchStats, fetch_families
 from ...observability.spans import span
-from ...wire import MIME_TYPES
+from ...wire import MIME_TYPES, VIDEO_MIME_TYPES
 from ..cache_front import CacheFront, outcome_of
 from ..request import MediaCall
 
@@ -110,10 +112,27 @@ class Fetched:
 
 
 @final
+@dataclasses.dataclass(frozen=True, slots=True)
+class Wanted:
+    """What a URL's answer must be: one of its media types, at most its bytes."""
+
+    what: str  # "image" or "video": a refusal's word, and the fetch's own cache entry
+    mime_types: tuple[str, ...]
+    max_bytes: int
+    described: str  # as a refusal names what was wanted
+
+
+@final
 class ImageFetcher:
     def __init__(self, settings: MediaSettings, cache: CacheFront) -> None:
         self.settings = settings
         self.cache = cache
+        self.images = Wanted(
+            "image", MIME_TYPES, settings.max_image_bytes, "a PNG, JPEG or WebP image"
+        )
+        self.videos = Wanted(
+            "video", VIDEO_MIME_TYPES, settings.max_video_bytes, "an MP4, WebM or AVI video"
+        )
         self.resolver: Resolver = system_resolver
         self.stats = FetchStats()
         self._allowed_hosts = {e for e in settings.url_allow if not _is_network(e)}
@@ -137,21 +156,25 @@ class ImageFetcher:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def forget(self, url: str, tenant: str) -> None:
+    async def forget(self, url: str, tenant: str, wanted: Wanted | None = None) -> None:
         """Drop a URL's fetched bytes (they were no image): the next request fetches again."""
-        await self.cache.invalidate(_key(url), tenant=tenant, local=True)
+        await self.cache.invalidate(_key(url, wanted or self.images), tenant=tenant, local=True)
 
-    async def fetch(self, index: int, url: str, call: MediaCall) -> Fetched:
+    async def fetch(
+        self, index: int, url: str, call: MediaCall, wanted: Wanted | None = None
+    ) -> Fetched:
         """The URL's bytes: from a fetch shared by the call's tenant's concurrent requests, or one
-        made in the last url_fresh_seconds; waited for until the call's deadline."""
-        key, tenant = _key(url), call.tenant
+        made in the last url_fresh_seconds; waited for until the call's deadline. ``wanted``:
+        what the answer must be (None: an image)."""
+        wanted = wanted or self.images
+        key, tenant = _key(url, wanted), call.tenant
         for _ in range(2):
             try:
                 lookup = await self.cache.get(
                     key,
                     # no deadline of its own: the leader's would fail the followers who
                     # wait longer; the waiters' deadlines bound it (see the module's doc)
-                    lambda: self._fetch(index, url),
+                    lambda: self._fetch(index, url, wanted),
                     tenant=tenant,
                     timeout=max(call.left(), 0.001),
                     tier=Stage.FETCH.tier_use,
@@ -180,7 +203,7 @@ class ImageFetcher:
 
     # ── one fetch ───────────────────────────────────────────────────────────────────────────
 
-    async def _fetch(self, index: int, url: str) -> Fetched:
+    async def _fetch(self, index: int, url: str, wanted: Wanted) -> Fetched:
         """One fetch, as a flight's computation: cancelled when nobody waits for it any more
         (the actor does it), or by its one caller's deadline where the cache is bypassed."""
         started = time.perf_counter()
@@ -189,7 +212,7 @@ class ImageFetcher:
         failure: UrlNotAllowed | ImageFetchFailed | None = None
         with span("media.fetch", {"mmgate.fetch.host": host}) as traced:
             try:
-                data, mime, status = await self._follow(index, url)
+                data, mime, status = await self._follow(index, url, wanted)
                 outcome = "fetched"
             except asyncio.CancelledError:
                 # nobody waits any more (every waiter left, or its one caller where the cache is
@@ -213,19 +236,19 @@ class ImageFetcher:
         self.stats.observe(time.perf_counter() - started, len(data))
         return Fetched(data, mime, time.monotonic())
 
-    async def _follow(self, index: int, url: str) -> tuple[bytes, str, int]:
+    async def _follow(self, index: int, url: str, wanted: Wanted) -> tuple[bytes, str, int]:
         settings = self.settings
         for hop in range(settings.url_max_redirects + 1):
             host, pinned = await self._checked(index, url, _whose(hop))
             parts = urlsplit(url)
-            request = self._request(index, hop, pinned, parts.netloc, host)
+            request = self._request(index, hop, pinned, parts.netloc, host, wanted)
             try:
                 response = await self._client.send(request, stream=True)
                 try:
                     if response.status_code in _REDIRECTS and "location" in response.headers:
                         url = _joined(index, url, response.headers["location"])
                         continue
-                    body = await self._body(index, response)
+                    body = await self._body(index, response, wanted)
                     return body, _mime(response), response.status_code
                 finally:
                     await response.aclose()
@@ -249,17 +272,19 @@ class ImageFetcher:
         """Images by URL: fetched, coalesced, refused... (metrics.py)."""
         return fetch_families(self.stats.copy())
 
-    def _request(self, index: int, hop: int, pinned: str, netloc: str, host: str) -> httpx.Request:
+    def _request(
+        self, index: int, hop: int, pinned: str, netloc: str, host: str, wanted: Wanted
+    ) -> httpx.Request:
         settings = self.settings
         try:
             return self._client.build_request(
                 "GET",
                 pinned,
-                # images are compressed already: an answer compressed again is refused, so
+                # media is compressed already: an answer compressed again is refused, so
                 # nothing here inflates what a server sends (no compression bomb)
                 headers={
                     "Host": netloc,
-                    "Accept": ", ".join(MIME_TYPES),
+                    "Accept": ", ".join(wanted.mime_types),
                     "Accept-Encoding": "identity",
                 },
                 # TLS is checked against the host name, on the connection to the checked address
@@ -318,19 +343,20 @@ class ImageFetcher:
             raise ImageFetchFailed(index, "unavailable", f"{host} does not resolve")
         return ipaddress.ip_address(resolved[0].split("%", 1)[0])
 
-    async def _body(self, index: int, response: httpx.Response) -> bytes:
+    async def _body(self, index: int, response: httpx.Response, wanted: Wanted) -> bytes:
         status = response.status_code
+        what = wanted.what
         if status != 200:
             kind = "unavailable" if status >= 500 else "refused"
-            raise ImageFetchFailed(index, kind, f"the image URL answered {status}", status)
-        if _mime(response) not in MIME_TYPES:
+            raise ImageFetchFailed(index, kind, f"the {what} URL answered {status}", status)
+        if _mime(response) not in wanted.mime_types:
             raise ImageFetchFailed(
-                index, "refused", "the image URL's answer is not a PNG, JPEG or WebP image", status
+                index, "refused", f"the {what} URL's answer is not {wanted.described}", status
             )
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
             raise ImageFetchFailed(index, "refused", "a compressed answer was refused", status)
-        cap = self.settings.max_image_bytes
+        cap = wanted.max_bytes
         declared = response.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > cap:
             raise ImageFetchFailed(index, "refused", f"over {cap} bytes", status)
@@ -355,9 +381,12 @@ def _joined(index: int, url: str, location: str) -> str:
         raise UrlNotAllowed(index, "url", "a redirect's URL is not valid") from None
 
 
-def _key(url: str) -> str:
-    """A URL's fetched bytes in the cache: the same for every model (they are the bytes)."""
-    return cache_key("url", Stage.FETCH, {"url": url})
+def _key(url: str, wanted: Wanted) -> str:
+    """A URL's fetched bytes in the cache: the same for every model (they are the bytes), one
+    entry for each kind of media (each is checked against its own types and size)."""
+    if wanted.what == "image":
+        return cache_key("url", Stage.FETCH, {"url": url})
+    return cache_key("url", Stage.FETCH, {"url": url, "what": wanted.what})
 
 
 def _is_network(entry: str) -> bool:
@@ -382,4 +411,4 @@ def _what(error: httpx.HTTPError) -> str:
     return "the connection broke"
 
 
-__all__ = ["Fetched", "ImageFetcher", "refused_kind", "url_problem"]
+__all__ = ["Fetched", "ImageFetcher", "Wanted", "refused_kind", "url_problem"]

@@ -25,7 +25,7 @@ from ...config import MediaSettings
 from ...engine.placement import Accelerators, EncoderMemory, engine_share
 from ...engine.plan import ImageIntake
 from ...engine.protocol import ServedEngine
-from ...models import image_tokens, model_config
+from ...models import image_tokens, model_config, takes_video
 from ..cache_front import CacheFront
 from ..chaos import NoChaos
 from ..threads import ThreadPools
@@ -52,6 +52,7 @@ class MediaPlan:
     shrink: ProcessorShrink | None  # decoded images at the processor's size, where exact
     device_share: float  # the engine's share of its GPU, the encoder's need taken out
     encoder_memory: EncoderMemory | None = None  # what the encoder holds on a GPU
+    takes_video: bool = False  # the model's processor takes clips
 
     @property
     def encoder_dtype(self) -> str | None:
@@ -61,7 +62,8 @@ class MediaPlan:
         """For the engine's plan: how many images a prompt may take, and in which form."""
         if not self.vision_tower:
             return None
-        return ImageIntake(self.settings.max_images_per_request, self.encoder is not None)
+        videos = self.settings.max_videos_per_request if self.takes_video else 0
+        return ImageIntake(self.settings.max_images_per_request, self.encoder is not None, videos)
 
     def stage(
         self,
@@ -85,7 +87,7 @@ class MediaPlan:
             shrink=self.shrink,
             chaos=chaos,
         )
-        return media_stage(context, takes_images=engine.takes_images)
+        return media_stage(context, takes_images=engine.takes_images, takes_video=self.takes_video)
 
 
 def plan_media(
@@ -152,6 +154,7 @@ def plan_media(
         shrink=ProcessorShrink.load(Path(model)) if settings.shrink_images else None,
         device_share=engine_share(device_share, memory),
         encoder_memory=memory,
+        takes_video=takes_video(model),
     )
 
 

@@ -11,6 +11,8 @@
                                                                    ▼
     EngineImages(form, items, uuids = digests) ──▶ engine: multi_modal_data + multi_modal_uuids
 
+A request's videos take their own path (videos.py), held by the stage as ``videos``.
+
 One variant per media mode, chosen once when the engine has started (:func:`media_stage`, on the
 server's MediaContext, which the plan in plan.py makes):
 
@@ -55,6 +57,7 @@ from ..request import MediaCall
 from .batching import EncodeBatcher
 from .codec import DecodedImage, decode
 from .context import MediaContext, Shrink
+from .videos import NoVideos, Videos, video_stage
 
 log = logging.getLogger("mmgate.media")
 
@@ -88,8 +91,9 @@ class MediaStage:
     description: ClassVar[str]
     takes_images: ClassVar[bool] = True
 
-    def __init__(self) -> None:
+    def __init__(self, videos: Videos) -> None:
         self.stats = MediaStats()
+        self.videos = videos  # the model's clips (videos.py), beside its images
 
     @property
     def placeholder_tokens(self) -> int:
@@ -122,8 +126,8 @@ class NoImages(MediaStage):
     description = "the model takes no images"
     takes_images = False
 
-    def __init__(self, model_name: str) -> None:
-        super().__init__()
+    def __init__(self, model_name: str, videos: Videos | None = None) -> None:
+        super().__init__(videos if videos is not None else NoVideos(model_name))
         self.model_name = model_name
 
     def refuse(self) -> None:
@@ -141,8 +145,8 @@ class PixelsStage(MediaStage):
     description = "mmgate caches decoded images; the engine encodes them"
     form: ClassVar[MediaForm] = "pixels"
 
-    def __init__(self, context: MediaContext) -> None:
-        super().__init__()
+    def __init__(self, context: MediaContext, videos: Videos | None = None) -> None:
+        super().__init__(videos if videos is not None else NoVideos(context.model_name))
         self.context = context
 
     @property
@@ -273,8 +277,8 @@ class EmbeddingsStage(PixelsStage):
     description = "mmgate runs the vision encoder and caches its output"
     form: ClassVar[MediaForm] = "embeddings"
 
-    def __init__(self, context: MediaContext) -> None:
-        super().__init__(context)
+    def __init__(self, context: MediaContext, videos: Videos | None = None) -> None:
+        super().__init__(context, videos)
         if context.encoder is None:
             raise ValueError("the embeddings stage runs the plan's vision encoder: it has none")
         self.encoder = context.encoder
@@ -328,13 +332,15 @@ class EmbeddingsStage(PixelsStage):
         )
 
 
-def media_stage(context: MediaContext, *, takes_images: bool) -> MediaStage:
-    """The variant for a started engine: chosen once, never tested for again."""
+def media_stage(context: MediaContext, *, takes_images: bool, takes_video: bool) -> MediaStage:
+    """The variant for a started engine, its videos' beside it: chosen once, never tested for
+    again."""
+    videos = video_stage(context, takes_video=takes_images and takes_video)
     if not takes_images:
-        return NoImages(context.model_name)
+        return NoImages(context.model_name, videos)
     if context.encoder is not None:
-        return EmbeddingsStage(context)
-    return PixelsStage(context)
+        return EmbeddingsStage(context, videos)
+    return PixelsStage(context, videos)
 
 
 def _decode(

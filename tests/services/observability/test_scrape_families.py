@@ -1,9 +1,10 @@
 """The scrape's families and their label names stay what dashboards and alerts were built on.
 
 ``scrape_families.json`` was taken from the server as it was before each part collected its own
-figures (one snapshot of the whole service then): a family renamed, dropped, retyped or given
-other labels fails here. Families that the client library builds (``Counter``, ``Histogram``)
-carry no declared labels in a collection; their names and types are checked.
+figures (one snapshot of the whole service then), and families added since (the video stage's)
+are added to it: a family renamed, dropped, retyped or given other labels fails here. Families
+that the client library builds (``Counter``, ``Histogram``) carry no declared labels in a
+collection; their names and types are checked.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from cache_actor import CacheActor
 from services.config import MediaSettings
 from services.errors import ImageFetchFailed
 from services.pipeline.cache_front import CacheFront
-from services.pipeline.media.fetch import Fetched, ImageFetcher, refused_kind
+from services.pipeline.media.fetch import Fetched, ImageFetcher, Wanted, refused_kind
 from services.pipeline.request import MediaCall
 from tests.support import until
 
@@ -74,7 +74,7 @@ async def test_in_degraded_mode_each_request_fetches_for_itself() -> None:
     fetcher = ImageFetcher(MediaSettings(), cache)
     urls: list[str] = []
 
-    async def fetch_once(index: int, url: str) -> Fetched:
+    async def fetch_once(index: int, url: str, wanted: Wanted) -> Fetched:
         urls.append(url)
         return Fetched(b"bytes", "image/png", time.monotonic())
 
@@ -93,7 +93,7 @@ async def test_bytes_older_than_the_freshness_window_are_fetched_anew() -> None:
     fetcher = ImageFetcher(MediaSettings(url_fresh_seconds=0), cache)
     stamps = iter((100.0, 200.0))
 
-    async def fetch_once(index: int, url: str) -> Fetched:
+    async def fetch_once(index: int, url: str, wanted: Wanted) -> Fetched:
         return Fetched(b"bytes", "image/png", next(stamps))
 
     fetcher._fetch = fetch_once  # type: ignore[method-assign]
@@ -116,7 +116,7 @@ class Host:
         self.asked = asyncio.Event()
         self.cancelled = asyncio.Event()
 
-    async def __call__(self, index: int, url: str) -> tuple[bytes, str, int]:
+    async def __call__(self, index: int, url: str, wanted: Wanted) -> tuple[bytes, str, int]:
         self.calls += 1
         self.asked.set()
         try:

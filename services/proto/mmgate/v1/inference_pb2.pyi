@@ -179,8 +179,24 @@ class Image(_message.Message):
     mime_type: str
     def __init__(self, data: _Optional[bytes] = ..., digest: _Optional[str] = ..., url: _Optional[str] = ..., mime_type: _Optional[str] = ...) -> None: ...
 
+class Video(_message.Message):
+    __slots__ = ("data", "digest", "url", "mime_type", "num_frames", "fps")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    MIME_TYPE_FIELD_NUMBER: _ClassVar[int]
+    NUM_FRAMES_FIELD_NUMBER: _ClassVar[int]
+    FPS_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    digest: str
+    url: str
+    mime_type: str
+    num_frames: int
+    fps: float
+    def __init__(self, data: _Optional[bytes] = ..., digest: _Optional[str] = ..., url: _Optional[str] = ..., mime_type: _Optional[str] = ..., num_frames: _Optional[int] = ..., fps: _Optional[float] = ...) -> None: ...
+
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "chat", "token_ids", "sampling", "request_id", "cache_policy", "images", "adapter", "priority", "include_reasoning")
+    __slots__ = ("prompt", "chat", "token_ids", "sampling", "request_id", "cache_policy", "images", "adapter", "priority", "include_reasoning", "videos")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -191,6 +207,7 @@ class GenerateRequest(_message.Message):
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_REASONING_FIELD_NUMBER: _ClassVar[int]
+    VIDEOS_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     chat: Chat
     token_ids: TokenIds
@@ -201,7 +218,8 @@ class GenerateRequest(_message.Message):
     adapter: str
     priority: int
     include_reasoning: bool
-    def __init__(self, prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., cache_policy: _Optional[_Union[CachePolicy, str]] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ..., adapter: _Optional[str] = ..., priority: _Optional[int] = ..., include_reasoning: _Optional[bool] = ...) -> None: ...
+    videos: _containers.RepeatedCompositeFieldContainer[Video]
+    def __init__(self, prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., cache_policy: _Optional[_Union[CachePolicy, str]] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ..., adapter: _Optional[str] = ..., priority: _Optional[int] = ..., include_reasoning: _Optional[bool] = ..., videos: _Optional[_Iterable[_Union[Video, _Mapping]]] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "cached_prompt_tokens")
@@ -241,17 +259,33 @@ class ImageReport(_message.Message):
     form: str
     def __init__(self, digest: _Optional[str] = ..., outcome: _Optional[str] = ..., tier: _Optional[str] = ..., form: _Optional[str] = ...) -> None: ...
 
+class VideoReport(_message.Message):
+    __slots__ = ("digest", "outcome", "tier", "form", "frames")
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    FORM_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    digest: str
+    outcome: str
+    tier: str
+    form: str
+    frames: int
+    def __init__(self, digest: _Optional[str] = ..., outcome: _Optional[str] = ..., tier: _Optional[str] = ..., form: _Optional[str] = ..., frames: _Optional[int] = ...) -> None: ...
+
 class CacheReport(_message.Message):
-    __slots__ = ("lookups", "cached_prompt_tokens", "response_from_cache", "images")
+    __slots__ = ("lookups", "cached_prompt_tokens", "response_from_cache", "images", "videos")
     LOOKUPS_FIELD_NUMBER: _ClassVar[int]
     CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_FROM_CACHE_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
+    VIDEOS_FIELD_NUMBER: _ClassVar[int]
     lookups: _containers.RepeatedCompositeFieldContainer[CacheLookup]
     cached_prompt_tokens: int
     response_from_cache: bool
     images: _containers.RepeatedCompositeFieldContainer[ImageReport]
-    def __init__(self, lookups: _Optional[_Iterable[_Union[CacheLookup, _Mapping]]] = ..., cached_prompt_tokens: _Optional[int] = ..., response_from_cache: _Optional[bool] = ..., images: _Optional[_Iterable[_Union[ImageReport, _Mapping]]] = ...) -> None: ...
+    videos: _containers.RepeatedCompositeFieldContainer[VideoReport]
+    def __init__(self, lookups: _Optional[_Iterable[_Union[CacheLookup, _Mapping]]] = ..., cached_prompt_tokens: _Optional[int] = ..., response_from_cache: _Optional[bool] = ..., images: _Optional[_Iterable[_Union[ImageReport, _Mapping]]] = ..., videos: _Optional[_Iterable[_Union[VideoReport, _Mapping]]] = ...) -> None: ...
 
 class Logprob(_message.Message):
     __slots__ = ("token_id", "logprob", "text")
@@ -370,7 +404,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model", "max_model_len", "vocab_size", "eos_token_ids", "bos_token_id", "takes_images", "media_mode", "has_chat_template", "limits", "structured_output_backend", "adapters", "default_adapter", "scheduling", "tool_template", "tool_parser", "reasoning_parser")
+    __slots__ = ("model", "max_model_len", "vocab_size", "eos_token_ids", "bos_token_id", "takes_images", "media_mode", "has_chat_template", "limits", "structured_output_backend", "adapters", "default_adapter", "scheduling", "tool_template", "tool_parser", "reasoning_parser", "takes_video")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -387,6 +421,7 @@ class ModelInfo(_message.Message):
     TOOL_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     TOOL_PARSER_FIELD_NUMBER: _ClassVar[int]
     REASONING_PARSER_FIELD_NUMBER: _ClassVar[int]
+    TAKES_VIDEO_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_model_len: int
     vocab_size: int
@@ -403,7 +438,8 @@ class ModelInfo(_message.Message):
     tool_template: str
     tool_parser: str
     reasoning_parser: str
-    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token_id: _Optional[int] = ..., takes_images: _Optional[bool] = ..., media_mode: _Optional[str] = ..., has_chat_template: _Optional[bool] = ..., limits: _Optional[_Union[ModelLimits, _Mapping]] = ..., structured_output_backend: _Optional[str] = ..., adapters: _Optional[_Iterable[_Union[Adapter, _Mapping]]] = ..., default_adapter: _Optional[str] = ..., scheduling: _Optional[_Union[Scheduling, _Mapping]] = ..., tool_template: _Optional[str] = ..., tool_parser: _Optional[str] = ..., reasoning_parser: _Optional[str] = ...) -> None: ...
+    takes_video: bool
+    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token_id: _Optional[int] = ..., takes_images: _Optional[bool] = ..., media_mode: _Optional[str] = ..., has_chat_template: _Optional[bool] = ..., limits: _Optional[_Union[ModelLimits, _Mapping]] = ..., structured_output_backend: _Optional[str] = ..., adapters: _Optional[_Iterable[_Union[Adapter, _Mapping]]] = ..., default_adapter: _Optional[str] = ..., scheduling: _Optional[_Union[Scheduling, _Mapping]] = ..., tool_template: _Optional[str] = ..., tool_parser: _Optional[str] = ..., reasoning_parser: _Optional[str] = ..., takes_video: _Optional[bool] = ...) -> None: ...
 
 class Scheduling(_message.Message):
     __slots__ = ("weight", "priority", "min_priority", "max_priority")
@@ -456,7 +492,7 @@ class UnloadAdapterResponse(_message.Message):
     def __init__(self, requests_running: _Optional[int] = ...) -> None: ...
 
 class ModelLimits(_message.Message):
-    __slots__ = ("max_tokens", "max_images", "min_stream_interval", "max_message_bytes", "max_stop_strings", "max_stop_token_ids", "max_logit_bias", "max_constraint_chars", "max_choices", "max_samples", "max_logprobs", "max_tools", "max_tools_chars", "max_tool_calls")
+    __slots__ = ("max_tokens", "max_images", "min_stream_interval", "max_message_bytes", "max_stop_strings", "max_stop_token_ids", "max_logit_bias", "max_constraint_chars", "max_choices", "max_samples", "max_logprobs", "max_tools", "max_tools_chars", "max_tool_calls", "max_videos", "max_video_frames", "max_video_bytes", "max_video_seconds", "max_video_frame_pixels")
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_IMAGES_FIELD_NUMBER: _ClassVar[int]
     MIN_STREAM_INTERVAL_FIELD_NUMBER: _ClassVar[int]
@@ -471,6 +507,11 @@ class ModelLimits(_message.Message):
     MAX_TOOLS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOOLS_CHARS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    MAX_VIDEOS_FIELD_NUMBER: _ClassVar[int]
+    MAX_VIDEO_FRAMES_FIELD_NUMBER: _ClassVar[int]
+    MAX_VIDEO_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_VIDEO_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_VIDEO_FRAME_PIXELS_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     max_images: int
     min_stream_interval: int
@@ -485,4 +526,9 @@ class ModelLimits(_message.Message):
     max_tools: int
     max_tools_chars: int
     max_tool_calls: int
-    def __init__(self, max_tokens: _Optional[int] = ..., max_images: _Optional[int] = ..., min_stream_interval: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_stop_strings: _Optional[int] = ..., max_stop_token_ids: _Optional[int] = ..., max_logit_bias: _Optional[int] = ..., max_constraint_chars: _Optional[int] = ..., max_choices: _Optional[int] = ..., max_samples: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., max_tools: _Optional[int] = ..., max_tools_chars: _Optional[int] = ..., max_tool_calls: _Optional[int] = ...) -> None: ...
+    max_videos: int
+    max_video_frames: int
+    max_video_bytes: int
+    max_video_seconds: float
+    max_video_frame_pixels: int
+    def __init__(self, max_tokens: _Optional[int] = ..., max_images: _Optional[int] = ..., min_stream_interval: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_stop_strings: _Optional[int] = ..., max_stop_token_ids: _Optional[int] = ..., max_logit_bias: _Optional[int] = ..., max_constraint_chars: _Optional[int] = ..., max_choices: _Optional[int] = ..., max_samples: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., max_tools: _Optional[int] = ..., max_tools_chars: _Optional[int] = ..., max_tool_calls: _Optional[int] = ..., max_videos: _Optional[int] = ..., max_video_frames: _Optional[int] = ..., max_video_bytes: _Optional[int] = ..., max_video_seconds: _Optional[float] = ..., max_video_frame_pixels: _Optional[int] = ...) -> None: ...
