@@ -145,6 +145,8 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
                 )
             )
             response.media.CopyFrom(pb.MediaStats(**dataclasses.asdict(media)))
+            video = self.pipeline.video_stats
+            response.video.CopyFrom(pb.VideoStats(**dataclasses.asdict(video)))
         return response
 
     def _tenants(self, request: pb.GetStatsRequest, tenant: str) -> list[TenantStats]:

@@ -4,6 +4,7 @@ mmgate serve [--port 50051 --engine.model PATH ...]   settings: env MMGATE_*, fl
 mmgate generate "What is the capital of France?" [--stream] [--max-tokens N] [--raw]
 mmgate generate "What is in the picture?" --image photo.jpg   (a vision model)
 mmgate generate "What is in the picture?" --image-url https://cdn.example.com/photo.jpg
+mmgate generate "What happens in the clip?" --video clip.mp4 --frames 16   (a video model)
 mmgate generate "Summarise the ticket" --adapter support    (a LoRA adapter the caller may use)
 mmgate generate "Tag this" --priority 10                      (lower is more urgent)
 mmgate generate "Weather in Oslo?" --tool weather.json --tool-choice required  (tool calls)
@@ -78,6 +79,13 @@ async def _generate(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "cache_policy": args.cache_policy,
         "images": [*args.image_bytes, *args.image_url],
+        "videos": [
+            inference_pb2.Video(**source, num_frames=args.frames or 0)
+            for source in (
+                *({"data": data} for data in args.video_bytes),
+                *({"url": url} for url in args.video_url),
+            )
+        ],
         "json_schema": args.json_schema_text,
         "regex": args.regex,
         "choice": args.choice or None,
@@ -248,6 +256,24 @@ def _parser() -> argparse.ArgumentParser:
         help="an image the server fetches (https), after the --image files; repeatable",
     )
     generate.add_argument(
+        "--video",
+        action="append",
+        default=[],
+        help="a clip (MP4, WebM, AVI) for each <video> in the prompt; repeatable",
+    )
+    generate.add_argument(
+        "--video-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a clip the server fetches (https), after the --video files; repeatable",
+    )
+    generate.add_argument(
+        "--frames",
+        type=arguments.count,
+        help="frames sampled from each clip, at most (default: the server's most)",
+    )
+    generate.add_argument(
         "-n", type=arguments.count, default=1, help="samples of the prompt (not with --stream)"
     )
     generate.add_argument(
@@ -329,6 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "generate":
             args.image_bytes = [Path(path).read_bytes() for path in args.image]
+            args.video_bytes = [Path(path).read_bytes() for path in args.video]
             schema = args.json_schema
             args.json_schema_text = Path(schema).read_text("utf-8") if schema else None
             args.tools = [tool for path in args.tool for tool in _tools_in(Path(path))]

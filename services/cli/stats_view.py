@@ -62,6 +62,12 @@ def render_stats(stats: cache_pb2.GetStatsResponse) -> str:
         ("refused, not held", f"{m.rejected:,}, {m.not_held:,}"),
         ("hit ratio per stage", "not in GetStats: mmgate_cache_media_lookups_total"),
     ]
+    v = stats.video
+    if v.decodes or v.rejected or v.not_held:
+        media[2:2] = [
+            ("clips decoded (frames)", f"{v.decodes:,} ({v.frames:,})"),
+            ("clips refused, not held", f"{v.rejected:,}, {v.not_held:,}"),
+        ]
     health = [
         ("alive", "yes" if a.alive else "NO"),
         ("loop lag", f"{a.loop_lag_seconds * 1000:.1f} ms"),

@@ -394,6 +394,12 @@ class PipelineRef:
         """The media stage's counts; none before the engine has started."""
         return self.current.media.stats if self.current is not None else MediaStats()
 
+    @property
+    def video_stats(self) -> VideoStats:
+        """The video stage's counts; none before the engine has started."""
+        current = self.current
+        return dataclasses.replace(current.media.videos.stats) if current else VideoStats()
+
     def collect(self) -> Iterator[Metric]:
         """The pipeline's families (metrics.py), each there from the start: empty until the
         engine has started."""

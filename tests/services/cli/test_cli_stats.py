@@ -112,6 +112,15 @@ def test_an_idle_server_has_no_ratio_and_a_dead_actor_says_so() -> None:
     assert text.endswith("\n")
 
 
+def test_clips_show_only_where_a_model_took_any() -> None:
+    assert "clips decoded" not in render_stats(busy_stats())
+    stats = busy_stats()
+    stats.video.CopyFrom(pb.VideoStats(decodes=3, frames=96, rejected=2, not_held=1))
+    text = render_stats(stats)
+    assert row(text, "clips decoded (frames)") == ["3", "(96)"]
+    assert row(text, "clips refused, not held") == ["2,", "1"]
+
+
 def test_a_tenant_sees_its_own_figures_and_no_others() -> None:
     own = pb.TenantStats(
         tenant="team-a",

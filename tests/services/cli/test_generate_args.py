@@ -15,3 +15,6 @@ def test_a_stream_of_several_samples_is_refused(capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit):
         main(["generate", "Hi", "-n", "0"])
     assert "at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["generate", "Hi", "--video", "clip.avi", "--frames", "0"])
+    assert "at least 1" in capsys.readouterr().err

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import http.server
 import re
+import sys
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -26,6 +27,7 @@ from services.pipeline.media.videos import VideoStage
 from services.proto.mmgate.v1 import inference_pb2 as pb
 from tests.redis_support import RedisProcess, redis_server
 from tests.services.in_process import vllm_worker
+from tests.services.prom import promtool_problems, scrape
 from tests.services.statuses import error_details, violated_fields
 from tests.support import eventually
 from tests.video_clips import (
@@ -333,3 +335,48 @@ async def test_bad_video_fields_are_invalid_argument(client: MmgateClient) -> No
             await client.complete_request(request)
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, field
         assert field in violated_fields(caught.value), (field, caught.value.details())
+
+
+async def test_the_cli_sends_a_clip_and_the_metrics_and_stats_count_it(
+    replicas: tuple[MmgateServer, MmgateServer], tmp_path: Path
+) -> None:
+    server = replicas[0]
+    clip_file = tmp_path / "clip.avi"
+    clip_file.write_bytes(moving_shapes(seed=11))
+    url = f"http://127.0.0.1:{server.metrics.port}/metrics"
+    before = await scrape(url)
+
+    async def mmgate(*args: str) -> str:
+        # a child process: this test's loop serves the server meanwhile
+        child = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "services.cli",
+            *args,
+            "--target",
+            f"127.0.0.1:{server.port}",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(child.communicate(), 120)
+        assert child.returncode == 0, err.decode()[-2000:]
+        return out.decode()
+
+    answer = await mmgate(
+        "generate", "What happens?", "--video", str(clip_file), "--frames", "4", "--max-tokens", "4"
+    )
+    assert answer.strip()
+    after = await scrape(url)
+    assert (
+        after.value("mmgate_media_video_decodes_total")
+        - before.value("mmgate_media_video_decodes_total")
+        == 1
+    )
+    assert (
+        after.value("mmgate_media_video_frames_total")
+        - before.value("mmgate_media_video_frames_total")
+        == 4
+    )
+    assert promtool_problems(after.text) == ""
+    table = await mmgate("stats")
+    assert "clips decoded (frames)" in table

@@ -142,6 +142,22 @@ class MediaStats(_message.Message):
     encode_batches: int
     def __init__(self, decodes: _Optional[int] = ..., decode_seconds: _Optional[float] = ..., encodes: _Optional[int] = ..., encode_seconds: _Optional[float] = ..., rejected: _Optional[int] = ..., not_held: _Optional[int] = ..., encode_batches: _Optional[int] = ...) -> None: ...
 
+class VideoStats(_message.Message):
+    __slots__ = ("decodes", "decode_seconds", "frames", "rejected", "not_held", "stopped")
+    DECODES_FIELD_NUMBER: _ClassVar[int]
+    DECODE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    NOT_HELD_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_FIELD_NUMBER: _ClassVar[int]
+    decodes: int
+    decode_seconds: float
+    frames: int
+    rejected: int
+    not_held: int
+    stopped: int
+    def __init__(self, decodes: _Optional[int] = ..., decode_seconds: _Optional[float] = ..., frames: _Optional[int] = ..., rejected: _Optional[int] = ..., not_held: _Optional[int] = ..., stopped: _Optional[int] = ...) -> None: ...
+
 class EngineHealth(_message.Message):
     __slots__ = ("state", "in_flight", "seconds_since_step", "stalls")
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -155,7 +171,7 @@ class EngineHealth(_message.Message):
     def __init__(self, state: _Optional[str] = ..., in_flight: _Optional[int] = ..., seconds_since_step: _Optional[float] = ..., stalls: _Optional[int] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("actor", "engine", "model", "media_mode", "media", "engine_health", "tenant", "tenants")
+    __slots__ = ("actor", "engine", "model", "media_mode", "media", "engine_health", "tenant", "tenants", "video")
     ACTOR_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +180,7 @@ class GetStatsResponse(_message.Message):
     ENGINE_HEALTH_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     TENANTS_FIELD_NUMBER: _ClassVar[int]
+    VIDEO_FIELD_NUMBER: _ClassVar[int]
     actor: ActorStats
     engine: EngineCacheStats
     model: str
@@ -172,7 +189,8 @@ class GetStatsResponse(_message.Message):
     engine_health: EngineHealth
     tenant: str
     tenants: _containers.RepeatedCompositeFieldContainer[TenantStats]
-    def __init__(self, actor: _Optional[_Union[ActorStats, _Mapping]] = ..., engine: _Optional[_Union[EngineCacheStats, _Mapping]] = ..., model: _Optional[str] = ..., media_mode: _Optional[str] = ..., media: _Optional[_Union[MediaStats, _Mapping]] = ..., engine_health: _Optional[_Union[EngineHealth, _Mapping]] = ..., tenant: _Optional[str] = ..., tenants: _Optional[_Iterable[_Union[TenantStats, _Mapping]]] = ...) -> None: ...
+    video: VideoStats
+    def __init__(self, actor: _Optional[_Union[ActorStats, _Mapping]] = ..., engine: _Optional[_Union[EngineCacheStats, _Mapping]] = ..., model: _Optional[str] = ..., media_mode: _Optional[str] = ..., media: _Optional[_Union[MediaStats, _Mapping]] = ..., engine_health: _Optional[_Union[EngineHealth, _Mapping]] = ..., tenant: _Optional[str] = ..., tenants: _Optional[_Iterable[_Union[TenantStats, _Mapping]]] = ..., video: _Optional[_Union[VideoStats, _Mapping]] = ...) -> None: ...
 
 class InspectRequest(_message.Message):
     __slots__ = ("key", "digest", "tenant")
