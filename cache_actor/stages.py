@@ -29,6 +29,7 @@ class Stage(enum.StrEnum):
     RESPONSE = "response"  # an engine run shared by identical requests
     FETCH = "fetch"  # an image URL's bytes
     VIDEO = "video"  # a clip's sampled frames
+    VIDEO_EMBEDDING = "video_embedding"  # a clip's encoder output
 
     @property
     def tier_use(self) -> TierUse:
@@ -69,7 +70,8 @@ _TIER_USES: Final[Mapping[Stage, TierUse]] = MappingProxyType(
         Stage.FETCH: TierUse(Stage.FETCH, read=False, write=False),
         # decoding a clip costs far more than a round trip, unlike an image: frames are shared
         Stage.VIDEO: TierUse(Stage.VIDEO),
+        Stage.VIDEO_EMBEDDING: TierUse(Stage.VIDEO_EMBEDDING),
     }
 )
 
-_MEDIA: Final = frozenset({Stage.IMAGE, Stage.EMBEDDING, Stage.VIDEO})
+_MEDIA: Final = frozenset({Stage.IMAGE, Stage.EMBEDDING, Stage.VIDEO, Stage.VIDEO_EMBEDDING})

@@ -53,6 +53,7 @@ class EngineVideos:
 
     items: tuple[Any, ...]
     uuids: tuple[str, ...]
+    form: Literal["pixels", "embeddings"] = "pixels"  # embeddings: each a ClipEmbedding
 
 
 @final
@@ -80,6 +81,8 @@ class VideoStats:
     rejected: int = 0
     not_held: int = 0
     stopped: int = 0
+    encodes: int = 0  # clips run through the video tower by mmgate (embeddings mode)
+    encode_seconds: float = 0.0
 
 
 @final

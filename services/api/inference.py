@@ -158,6 +158,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             bos_token_id=facts.bos_token_id,
             takes_images=pipeline.media.takes_images,
             takes_video=pipeline.media.videos.takes_video,
+            video_mode=pipeline.media.videos.mode,
             media_mode=pipeline.media.mode,
             has_chat_template=facts.has_chat_template,
             structured_output_backend=facts.structured_output_backend,

@@ -164,6 +164,10 @@ class MediaSettings(BaseModel):
     shrink_images: bool = True
     """Store decoded images at the size the model's image processor resizes them to, where that
     leaves its output unchanged (fixed-resolution processors; checked at start)."""
+    video_mode: Literal["auto", "embeddings", "pixels"] = "auto"
+    """Clips: cache the vision tower's output for a clip where mmgate can run it (Qwen2-VL) and,
+    in auto, a clip's encode takes at least auto_min_encode_ms a frame; else cache the sampled
+    frames and let the engine encode them (docs/video.md)."""
     max_videos_per_request: int = Field(2, gt=0)
     """Most videos in one request (a model that takes video)."""
     max_video_bytes: int = Field(64 * MiB, gt=0)
@@ -194,7 +198,7 @@ class RedisSettings(BaseModel):
     timeout_seconds: float = Field(ACTOR_DEFAULTS.tier_timeout, gt=0)
     """Bound on every Redis call, a value's check and decode included; beyond it, a miss."""
     embedding_ttl_seconds: float = Field(7 * 24 * 3600.0, gt=0)
-    """How long an encoder output stays in Redis."""
+    """How long an encoder output (an image's or a clip's) stays in Redis."""
     response_ttl_seconds: float = Field(24 * 3600.0, gt=0)
     """How long a finished shared response stays in Redis."""
     video_ttl_seconds: float = Field(24 * 3600.0, gt=0)

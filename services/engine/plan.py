@@ -18,11 +18,12 @@ from typing import final
 @dataclass(frozen=True, slots=True)
 class ImageIntake:
     """How the engine takes images: up to ``per_prompt`` a request, as embeddings too; and up
-    to ``videos`` clips a request (0: the model takes none)."""
+    to ``videos`` clips a request (0: the model takes none), as embeddings too."""
 
     per_prompt: int
     embeddings: bool
     videos: int = 0
+    video_embeddings: bool = False
 
 
 @final

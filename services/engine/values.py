@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 if TYPE_CHECKING:
     import torch
 
+    from .video_encoder import ClipEmbedding
+
 MAGIC: Final = b"MMGATE\x00"
 VERSION: Final = 3
 _PREFIX: Final = len(MAGIC) + 1 + 4
@@ -170,6 +172,46 @@ def unseal_frames(data: bytes, stage: str, *, key: str, secret: bytes | None = N
     return tensor.numpy()
 
 
+def seal_clip(stage: str, clip: ClipEmbedding, *, key: str, secret: bytes | None = None) -> bytes:
+    """A clip's encoder output; its patch grid (t, h, w) and frame count in the header."""
+    from safetensors.torch import save
+
+    tensor = clip.embeds.detach().contiguous()
+    payload = save({"value": tensor})
+    return seal(
+        "tensor",
+        stage,
+        payload,
+        key=key,
+        secret=secret,
+        dtype=str(tensor.dtype).removeprefix("torch."),
+        shape=list(tensor.shape),
+        grid=list(clip.grid),
+        frames=clip.frames,
+    )
+
+
+def unseal_clip(data: bytes, stage: str, *, key: str, secret: bytes | None = None) -> ClipEmbedding:
+    """A clip's encoder output read back: three positive grid sizes whose product the
+    embeddings' rows divide (a row a merge of patches) and a positive frame count, checked
+    before they are trusted."""
+    from .video_encoder import ClipEmbedding
+
+    header, _ = unseal(data, "tensor", stage, key=key, secret=secret)
+    grid, frames = header.get("grid"), header.get("frames")
+    if not isinstance(grid, list) or len(grid) != 3:
+        raise BadValue("not a clip's grid")
+    t, h, w = grid
+    if not isinstance(frames, int) or not all(
+        isinstance(v, int) and v > 0 for v in (t, h, w, frames)
+    ):
+        raise BadValue("not a clip's grid and frame count")
+    tensor = unseal_tensor(data, stage, key=key, secret=secret)
+    if tensor.dim() != 2 or (t * h * w) % tensor.shape[0]:
+        raise BadValue(f"embeddings of shape {list(tensor.shape)} for a grid of {grid}")
+    return ClipEmbedding(tensor, (t, h, w), frames)
+
+
 def seal_json(stage: str, value: Any, *, key: str, secret: bytes | None = None) -> bytes:
     payload = json.dumps(value, separators=(",", ":")).encode()
     return seal("json", stage, payload, key=key, secret=secret)
@@ -188,10 +230,12 @@ __all__ = [
     "VERSION",
     "BadValue",
     "seal",
+    "seal_clip",
     "seal_frames",
     "seal_json",
     "seal_tensor",
     "unseal",
+    "unseal_clip",
     "unseal_frames",
     "unseal_json",
     "unseal_tensor",

@@ -45,7 +45,7 @@ from .plan import EnginePlan
 from .progress import Progress
 from .sampling import refusal, vllm_sampling
 from .stats import Counters, TokenCounters, stats_recorder_factory
-from .tensors import engine_image_data
+from .tensors import engine_image_data, engine_video_data
 from .tokenizers import private_copy
 from .tools import template_takes_tools
 
@@ -148,8 +148,8 @@ class EngineWorker:
             if plan.images.videos:
                 limits["video"] = plan.images.videos
             kwargs["limit_mm_per_prompt"] = limits
-            # mmgate's encoder-output cache hands vLLM image embeddings instead of pixels
-            kwargs["enable_mm_embeds"] = plan.images.embeddings
+            # mmgate's encoder-output cache hands vLLM embeddings instead of pixels
+            kwargs["enable_mm_embeds"] = plan.images.embeddings or plan.images.video_embeddings
         if s.lora:
             # one slot more on the CPU: the null adapter's, the last (adapters.py)
             slots = planned_slots(s) + int(self._on_cpu())
@@ -339,7 +339,7 @@ class EngineWorker:
             # vLLM's processor and prefix caches key on the digest, as mmgate's cache does
             uuids["image"] = list(images.uuids)
         if request.videos is not None and request.videos.items:
-            media["video"] = list(request.videos.items)
+            media["video"] = engine_video_data(request.videos)
             uuids["video"] = list(request.videos.uuids)
         if media:
             prompt["multi_modal_data"] = media

@@ -2,7 +2,8 @@
 
 mmgate_media_*_total              decodes, encodes and their seconds, batches, refusals
 mmgate_media_video_*_total        clips decoded, their seconds, frames sampled, refusals, clips
-                                  referred to by a digest no longer held, decodes stopped
+                                  referred to by a digest no longer held, decodes stopped, clips
+                                  encoded and their seconds
 mmgate_image_fetches_total        image URLs asked for, by outcome: miss (fetched), coalesced
                                   (joined a fetch in progress), hit (fetched within the freshness
                                   window), refused (the guard), failed, timeout, bypass
@@ -66,6 +67,16 @@ _VIDEO_COUNTERS = (
         "mmgate_media_video_not_held_total",
         "not_held",
         "References to a clip the cache no longer held (the client resends its bytes).",
+    ),
+    (
+        "mmgate_media_video_encodes_total",
+        "encodes",
+        "Video clips run through the video tower by mmgate (embeddings mode).",
+    ),
+    (
+        "mmgate_media_video_encode_seconds_total",
+        "encode_seconds",
+        "Time spent in the video tower.",
     ),
     (
         "mmgate_media_video_stopped_total",

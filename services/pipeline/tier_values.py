@@ -3,6 +3,7 @@
     embedding  an encoder output: one tensor (its dtype kept, bf16 included)
     video      a clip's sampled frames: one uint8 tensor (frames, height, width, 3); decoding a
                clip again costs far more than the round trip
+    video_embedding  a clip's encoder output: one tensor, its patch grid and frames in the header
     response   a shared response that finished normally: its deltas (sample, text, tokens, finish
                and stop reasons, cached and prompt token counts, log-probabilities), read back as
                a finished recording
@@ -23,9 +24,11 @@ from cache_actor import Stage
 
 from ..engine.values import (
     BadValue,
+    seal_clip,
     seal_frames,
     seal_json,
     seal_tensor,
+    unseal_clip,
     unseal_frames,
     unseal_json,
     unseal_tensor,
@@ -64,6 +67,20 @@ class VideoCodec:
 
     def decode(self, data: bytes, key: str) -> ClipFrames:
         return ClipFrames(unseal_frames(data, Stage.VIDEO, key=key, secret=self.secret))
+
+
+@final
+class ClipEmbeddingCodec:
+    __slots__ = ("secret",)
+
+    def __init__(self, secret: bytes | None = None) -> None:
+        self.secret = secret
+
+    def encode(self, value: Any, key: str) -> bytes:
+        return seal_clip(Stage.VIDEO_EMBEDDING, value, key=key, secret=self.secret)
+
+    def decode(self, data: bytes, key: str) -> Any:
+        return unseal_clip(data, Stage.VIDEO_EMBEDDING, key=key, secret=self.secret)
 
 
 @final
@@ -151,7 +168,8 @@ def codecs(secret: bytes | None = None) -> dict[str, Any]:
         Stage.EMBEDDING: EmbeddingCodec(secret),
         Stage.RESPONSE: ResponseCodec(secret),
         Stage.VIDEO: VideoCodec(secret),
+        Stage.VIDEO_EMBEDDING: ClipEmbeddingCodec(secret),
     }
 
 
-__all__ = ["EmbeddingCodec", "ResponseCodec", "VideoCodec", "codecs"]
+__all__ = ["ClipEmbeddingCodec", "EmbeddingCodec", "ResponseCodec", "VideoCodec", "codecs"]

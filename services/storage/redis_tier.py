@@ -321,6 +321,7 @@ def redis_tier(
             Stage.EMBEDDING: settings.embedding_ttl_seconds,
             Stage.RESPONSE: settings.response_ttl_seconds,
             Stage.VIDEO: settings.video_ttl_seconds,
+            Stage.VIDEO_EMBEDDING: settings.embedding_ttl_seconds,
         },
         max_value_bytes=settings.max_value_bytes,
         address=redis_address(settings.url),

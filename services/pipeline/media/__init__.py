@@ -17,7 +17,15 @@ from .stages import (
     media_stage,
 )
 from .video import VideoFrames, VideoLimits, decode_video, sniff_video
-from .videos import ClipFrames, NoVideos, PreparedVideos, Videos, VideoStage, video_stage
+from .videos import (
+    ClipFrames,
+    NoVideos,
+    PreparedVideos,
+    VideoEmbeddingsStage,
+    Videos,
+    VideoStage,
+    video_stage,
+)
 
 __all__ = [
     "FORMATS",
@@ -34,6 +42,7 @@ __all__ = [
     "PixelsStage",
     "PreparedImages",
     "PreparedVideos",
+    "VideoEmbeddingsStage",
     "VideoFrames",
     "VideoLimits",
     "VideoStage",

@@ -2,8 +2,8 @@
 the engine has started, from the server's parts and the plan's reading of the model.
 
     the server's parts   cache front, thread pools, fault injection, the URL fetcher
-    the plan's reading   media settings, the model's name, placeholder tokens, the encoder
-                         mmgate runs (embeddings mode), the processor's shrink
+    the plan's reading   media settings, the model's name, placeholder tokens, the encoders
+                         mmgate runs (embeddings mode: images', clips'), the processor's shrink
         ─▶ MediaContext ─▶ media_stage(context): the variant, holding it (stages.py)
 """
 
@@ -23,6 +23,7 @@ from .fetch import ImageFetcher
 
 if TYPE_CHECKING:
     from ...engine.encoder import VisionEncoder
+    from ...engine.video_encoder import ClipEncoder
 
 # An image as the model's processor will resize it (services/engine/shrink.py), handed in by
 # the plan; None: stored as decoded.
@@ -42,6 +43,7 @@ class MediaContext:
     placeholder_tokens: int  # the positions one image placeholder takes in the engine's prompt
     encoder: VisionEncoder | None = None  # run by mmgate (embeddings mode); None: by the engine
     shrink: Shrink | None = None  # what the cache stores of a decoded image, where exact
+    clip_encoder: ClipEncoder | None = None  # a clip's tower, run by mmgate; None: by the engine
     chaos: NoChaos = field(default_factory=NoChaos)  # faults on purpose (reliability runs only)
 
 

@@ -9,7 +9,9 @@ the media stage built from it once the engine has.
 
 mode ``pixels`` never loads the encoder; ``embeddings`` must (or the server does not start);
 ``auto`` runs it where mmgate reproduces it (the LLaVA family) and it is slow enough for its
-cache to pay (``auto_min_encode_ms``, timed here), and leaves the rest to vLLM.
+cache to pay (``auto_min_encode_ms``, timed here), and leaves the rest to vLLM. Clips follow the
+same rule with their own setting (``video_mode``) and encoder (a Qwen2-VL's video tower), timed
+on a blank clip of ``_TIMED_FRAMES`` frames.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Final, final
 
 from ...config import MediaSettings
 from ...engine.placement import Accelerators, EncoderMemory, engine_share
@@ -36,8 +38,12 @@ from .stages import MediaStage, media_stage
 if TYPE_CHECKING:
     from ...engine.encoder import VisionEncoder
     from ...engine.shrink import ProcessorShrink
+    from ...engine.video_encoder import ClipEncoder
 
 log = logging.getLogger("mmgate.media")
+
+# the frames of the blank clip auto times the video tower on
+_TIMED_FRAMES: Final = 8
 
 
 @final
@@ -53,6 +59,7 @@ class MediaPlan:
     device_share: float  # the engine's share of its GPU, the encoder's need taken out
     encoder_memory: EncoderMemory | None = None  # what the encoder holds on a GPU
     takes_video: bool = False  # the model's processor takes clips
+    clip_encoder: ClipEncoder | None = None  # the clips' tower mmgate runs (embeddings mode)
 
     @property
     def encoder_dtype(self) -> str | None:
@@ -63,7 +70,12 @@ class MediaPlan:
         if not self.vision_tower:
             return None
         videos = self.settings.max_videos_per_request if self.takes_video else 0
-        return ImageIntake(self.settings.max_images_per_request, self.encoder is not None, videos)
+        return ImageIntake(
+            self.settings.max_images_per_request,
+            self.encoder is not None,
+            videos,
+            video_embeddings=self.clip_encoder is not None,
+        )
 
     def stage(
         self,
@@ -86,6 +98,7 @@ class MediaPlan:
             encoder=self.encoder,
             shrink=self.shrink,
             chaos=chaos,
+            clip_encoder=self.clip_encoder,
         )
         return media_stage(context, takes_images=engine.takes_images, takes_video=self.takes_video)
 
@@ -119,6 +132,7 @@ def plan_media(
     from ...engine.placement import TorchAccelerators
     from ...engine.shrink import ProcessorShrink
 
+    video = takes_video(model)
     accelerators = accelerators if accelerators is not None else TorchAccelerators()
     device = accelerators.engine_device()
     encoder = None
@@ -154,7 +168,8 @@ def plan_media(
         shrink=ProcessorShrink.load(Path(model)) if settings.shrink_images else None,
         device_share=engine_share(device_share, memory),
         encoder_memory=memory,
-        takes_video=takes_video(model),
+        takes_video=video,
+        clip_encoder=_clip_encoder(Path(model), settings, dtype, device) if video else None,
     )
 
 
@@ -168,6 +183,47 @@ def encode_ms(encoder: VisionEncoder, runs: int = 3) -> float:
         encoder.encode([image])
         times.append((time.perf_counter() - started) * 1000)
     return statistics.median(times)
+
+
+def _clip_encoder(
+    model: Path, settings: MediaSettings, dtype: str, device: str | None
+) -> ClipEncoder | None:
+    """The clips' tower mmgate runs, by ``video_mode``: embeddings must load it, auto loads it
+    where it can and keeps it where a clip's encode is slow enough to pay, logged with why."""
+    if settings.video_mode == "pixels":
+        return None
+    from ...engine.video_encoder import ClipEncoder
+
+    try:
+        encoder = ClipEncoder.load(
+            model, dtype=settings.encoder_dtype or dtype, device=device or "cpu"
+        )
+    except (ValueError, OSError) as exc:
+        if settings.video_mode == "embeddings":
+            raise RuntimeError(
+                f"video mode 'embeddings': mmgate cannot run the video tower of {model} ({exc});"
+                " use 'auto' or 'pixels'"
+            ) from None
+        log.warning("not running the video tower in mmgate: %s", exc)
+        return None
+    if settings.video_mode == "embeddings":
+        return encoder
+    frames = encoder.blank_frames(_TIMED_FRAMES)
+    encoder.encode(frames)
+    started = time.perf_counter()
+    encoder.encode(frames)
+    per_frame = (time.perf_counter() - started) * 1000 / _TIMED_FRAMES
+    bound = settings.auto_min_encode_ms
+    chose = "embeddings" if per_frame >= bound else "pixels"
+    log.info(
+        "video mode auto chose %s: the video tower takes %.2f ms a frame on %s "
+        "(MMGATE_MEDIA__AUTO_MIN_ENCODE_MS %g ms)",
+        chose,
+        per_frame,
+        encoder.device,
+        bound,
+    )
+    return encoder if chose == "embeddings" else None
 
 
 def _pays(encoder: VisionEncoder, settings: MediaSettings) -> bool:

@@ -9,11 +9,16 @@ cache flight per (tenant, digest, sampling).
                      tier (decoding a clip again costs far more than a round trip); a digest
                      with no bytes can only hit: NOT_FOUND
                                                                            ▼
-    EngineVideos(frames, uuids = digest + sampling) ──▶ engine: multi_modal_data["video"]
+    "video_embedding" flight  (VideoEmbeddingsStage) the model's video processor and tower,
+                     run by mmgate on the cached frames (encode pool): ClipEmbedding, cached
+                     in memory and the second tier
+                                                                           ▼
+    EngineVideos(frames | embeddings, uuids = digest + sampling) ──▶ multi_modal_data["video"]
 
-    NoVideos     the model takes no video: refused (FAILED_PRECONDITION)
-    VideoStage   sampled frames cached; the engine encodes them (its encoder cache keys on the
-                 uuid, salted per tenant as an image's)
+    NoVideos              the model takes no video: refused (FAILED_PRECONDITION)
+    VideoStage            sampled frames cached; the engine encodes them (its encoder cache
+                          keys on the uuid, salted per tenant as an image's)
+    VideoEmbeddingsStage  the tower's output cached too; the engine takes it as it is
 
 The sampling is part of the key: the same clip asked for at 8 and at 16 frames is two entries,
 each decoded once.
@@ -27,7 +32,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, final
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, final
 
 from cache_actor import Lookup, Stage
 
@@ -49,6 +54,9 @@ from ..cache_front import outcome_of
 from ..request import MediaCall
 from .context import MediaContext
 from .video import VideoLimits, decode_video
+
+if TYPE_CHECKING:
+    from ...engine.video_encoder import ClipEmbedding, ClipEncoder
 
 # hashing a large clip on the loop would stall it: beyond this, hash in a thread
 _HASH_IN_THREAD_BYTES: Final = 256 * 1024
@@ -81,6 +89,7 @@ class Videos:
     """What the pipeline asks of videos, whether or not the model takes them."""
 
     takes_video: ClassVar[bool] = True
+    mode: ClassVar[str] = "pixels"  # as ModelInfo.video_mode says it
 
     def __init__(self) -> None:
         self.stats = VideoStats()
@@ -98,6 +107,7 @@ class Videos:
 @final
 class NoVideos(Videos):
     takes_video = False
+    mode = "none"
 
     def __init__(self, model_name: str) -> None:
         super().__init__()
@@ -107,9 +117,10 @@ class NoVideos(Videos):
         raise ModelTakesNoVideo(self.model_name)
 
 
-@final
 class VideoStage(Videos):
     """Sampled frames are cached; the engine runs the vision encoder on them."""
+
+    form: ClassVar[Literal["pixels", "embeddings"]] = "pixels"
 
     def __init__(self, context: MediaContext) -> None:
         super().__init__()
@@ -150,16 +161,16 @@ class VideoStage(Videos):
         results = [task.result() for task in tasks]
         return PreparedVideos(
             engine=EngineVideos(
-                items=tuple(frames.frames for frames, _, _ in results),
+                items=tuple(item for item, _, _ in results),
                 uuids=tuple(uuid for _, _, uuid in results),
+                form=self.form,
             ),
             reports=tuple(report for _, report, _ in results),
         )
 
-    async def _video(
-        self, video: VideoInput, call: MediaCall
-    ) -> tuple[ClipFrames, VideoReport, str]:
-        """One clip: (its frames, where they came from, its identity for vLLM's caches)."""
+    async def _video(self, video: VideoInput, call: MediaCall) -> tuple[Any, VideoReport, str]:
+        """One clip: (what the engine takes, where it came from, its identity for vLLM's
+        caches)."""
         if video.url:
             fetcher = self.context.fetcher
             try:
@@ -188,22 +199,31 @@ class VideoStage(Videos):
         sampling = self.sampling(video.sampling)
         source = VideoInput(video.index, data, sampling, digest, video.mime_type)
         try:
-            lookup = await self._frames(source, call)
+            lookup = await self._lookup(source, call)
         except VideoNotHeld:
             if data is None:
                 self.stats.not_held += 1
                 raise
             # a reference-only request started the flight this one joined: try with the bytes
-            lookup = await self._frames(source, call)
-        frames = lookup.value
+            lookup = await self._lookup(source, call)
+        item, frames = self._engine_item(lookup.value)
         report = VideoReport(
             digest=digest,
             outcome=outcome_of(lookup)[0],
             tier=lookup.tier or "",
-            frames=frames.count,
+            frames=frames,
+            form=self.form,
         )
         uuid = f"{digest}:{sampling.num_frames}f:{sampling.fps:g}fps"
-        return frames, report, uuid
+        return item, report, uuid
+
+    async def _lookup(self, source: VideoInput, call: MediaCall) -> Lookup[Any]:
+        return await self._frames(source, call)
+
+    def _engine_item(self, value: Any) -> tuple[Any, int]:
+        """What the engine takes of a cached value, and the frames it was made of."""
+        assert isinstance(value, ClipFrames)
+        return value.frames, value.count
 
     async def _frames(self, source: VideoInput, call: MediaCall) -> Lookup[ClipFrames]:
         context = self.context
@@ -258,9 +278,78 @@ class VideoStage(Videos):
         )
 
 
+@final
+class VideoEmbeddingsStage(VideoStage):
+    """The tower's output for a clip is cached too: mmgate runs it, the engine takes it."""
+
+    form = "embeddings"
+    mode = "embeddings"
+
+    def __init__(self, context: MediaContext) -> None:
+        super().__init__(context)
+        if context.clip_encoder is None:
+            raise ValueError("the clips' embeddings stage runs the plan's video tower: it has none")
+        self.encoder: ClipEncoder = context.clip_encoder
+
+    def embedding_key(self, digest: str, sampling: VideoSampling) -> str:
+        # the model's name stands for its processor and tower; the dtype is mmgate's
+        settings = {
+            "frames": sampling.num_frames,
+            "fps": sampling.fps,
+            "dtype": str(self.encoder.dtype),
+        }
+        return cache_key(
+            self.context.model_name, Stage.VIDEO_EMBEDDING, {"digest": digest, **settings}
+        )
+
+    def _engine_item(self, value: Any) -> tuple[Any, int]:
+        clip: ClipEmbedding = value
+        return clip, clip.frames
+
+    async def _lookup(self, source: VideoInput, call: MediaCall) -> Lookup[Any]:
+        context = self.context
+
+        async def encode() -> ClipEmbedding:
+            frames = (await self._frames(source, call)).value
+            await context.chaos.inject("encode", call.tenant)
+            started = time.perf_counter()
+            attributes: dict[str, str | int | float | bool] = {
+                "mmgate.media.kind": "video",
+                "mmgate.video.frames": frames.count,
+            }
+            with span("media.encode", attributes) as traced:
+                clip = await context.threads.run("encode", self.encoder.encode, frames.frames)
+                if traced is not None:
+                    traced.set_attribute("mmgate.video.tokens", int(clip.embeds.shape[0]))
+            self.stats.encodes += 1
+            self.stats.encode_seconds += time.perf_counter() - started
+            return clip
+
+        return await context.cache.get(
+            self.embedding_key(source.digest, source.sampling),
+            encode,
+            tenant=call.tenant,
+            timeout=call.left(),
+            tier=Stage.VIDEO_EMBEDDING.tier_use,
+            label=source.digest,
+        )
+
+
 def video_stage(context: MediaContext, *, takes_video: bool) -> Videos:
     """The variant for a started engine: chosen once, never tested for again."""
-    return VideoStage(context) if takes_video else NoVideos(context.model_name)
+    if not takes_video:
+        return NoVideos(context.model_name)
+    if context.clip_encoder is not None:
+        return VideoEmbeddingsStage(context)
+    return VideoStage(context)
 
 
-__all__ = ["ClipFrames", "NoVideos", "PreparedVideos", "VideoStage", "Videos", "video_stage"]
+__all__ = [
+    "ClipFrames",
+    "NoVideos",
+    "PreparedVideos",
+    "VideoEmbeddingsStage",
+    "VideoStage",
+    "Videos",
+    "video_stage",
+]

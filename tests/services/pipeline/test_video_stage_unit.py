@@ -17,6 +17,7 @@ import torch
 from cache_actor import CacheActor
 from services.config import Settings
 from services.engine.values import BadValue, seal_tensor
+from services.engine.video_encoder import ClipEmbedding
 from services.errors import DecodeStopped, InvalidRequest, ModelTakesNoVideo, VideoNotHeld
 from services.media_types import VideoInput, VideoSampling
 from services.pipeline.cache_front import CacheFront
@@ -25,7 +26,7 @@ from services.pipeline.media import videos as video_stage_module
 from services.pipeline.media.videos import ClipFrames, NoVideos, VideoStage
 from services.pipeline.request import MediaCall
 from services.pipeline.threads import ThreadPools
-from services.pipeline.tier_values import VideoCodec
+from services.pipeline.tier_values import ClipEmbeddingCodec, VideoCodec
 from services.wire import digest_of
 from tests.support import eventually
 from tests.video_clips import moving_shapes, not_a_video
@@ -151,3 +152,18 @@ def test_frames_go_to_the_second_tier_and_back_as_they_were() -> None:
         codec.decode(not_frames, "k")
     with pytest.raises(BadValue):
         codec.decode(codec.encode(ClipFrames(frames), "k"), "another key")
+
+
+def test_a_clips_embeddings_go_to_the_second_tier_with_their_grid() -> None:
+    codec = ClipEmbeddingCodec()
+    clip = ClipEmbedding(torch.randn(16, 8), (4, 4, 4), 8)
+    back = codec.decode(codec.encode(clip, "k"), "k")
+    assert torch.equal(back.embeds, clip.embeds)
+    assert (back.grid, back.frames) == ((4, 4, 4), 8)
+    # rows that no merge of the grid's patches makes are refused
+    odd = ClipEmbedding(torch.randn(5, 8), (4, 4, 4), 8)
+    with pytest.raises(BadValue, match="for a grid of"):
+        codec.decode(codec.encode(odd, "k"), "k")
+    # a plain tensor under the stage's name has no grid
+    with pytest.raises(BadValue, match="grid"):
+        codec.decode(seal_tensor("video_embedding", torch.ones(2, 3), key="k"), "k")

@@ -130,6 +130,7 @@ async def test_the_model_info_says_it_takes_video(client: MmgateClient) -> None:
     info = await client.model_info()
     assert info.takes_video
     assert info.takes_images
+    assert info.video_mode == "pixels"
     assert info.limits.max_videos == 2
     assert info.limits.max_video_frames == 32
 

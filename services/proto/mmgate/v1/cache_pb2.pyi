@@ -143,20 +143,24 @@ class MediaStats(_message.Message):
     def __init__(self, decodes: _Optional[int] = ..., decode_seconds: _Optional[float] = ..., encodes: _Optional[int] = ..., encode_seconds: _Optional[float] = ..., rejected: _Optional[int] = ..., not_held: _Optional[int] = ..., encode_batches: _Optional[int] = ...) -> None: ...
 
 class VideoStats(_message.Message):
-    __slots__ = ("decodes", "decode_seconds", "frames", "rejected", "not_held", "stopped")
+    __slots__ = ("decodes", "decode_seconds", "frames", "rejected", "not_held", "stopped", "encodes", "encode_seconds")
     DECODES_FIELD_NUMBER: _ClassVar[int]
     DECODE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     NOT_HELD_FIELD_NUMBER: _ClassVar[int]
     STOPPED_FIELD_NUMBER: _ClassVar[int]
+    ENCODES_FIELD_NUMBER: _ClassVar[int]
+    ENCODE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     decodes: int
     decode_seconds: float
     frames: int
     rejected: int
     not_held: int
     stopped: int
-    def __init__(self, decodes: _Optional[int] = ..., decode_seconds: _Optional[float] = ..., frames: _Optional[int] = ..., rejected: _Optional[int] = ..., not_held: _Optional[int] = ..., stopped: _Optional[int] = ...) -> None: ...
+    encodes: int
+    encode_seconds: float
+    def __init__(self, decodes: _Optional[int] = ..., decode_seconds: _Optional[float] = ..., frames: _Optional[int] = ..., rejected: _Optional[int] = ..., not_held: _Optional[int] = ..., stopped: _Optional[int] = ..., encodes: _Optional[int] = ..., encode_seconds: _Optional[float] = ...) -> None: ...
 
 class EngineHealth(_message.Message):
     __slots__ = ("state", "in_flight", "seconds_since_step", "stalls")
