@@ -337,3 +337,21 @@ def slow_schema(properties: int) -> dict[str, Any]:
         for i, name in enumerate(names)
     }
     return {"type": "object", "properties": fields, "required": names}
+
+
+async def run_cli(target: str, *args: str) -> str:
+    """``mmgate ARGS --target TARGET`` in a child process (this test's loop serves an in-process
+    server meanwhile): what it printed; a failure shows its stderr."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "services.cli",
+        *args,
+        "--target",
+        target,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(child.communicate(), 120)
+    assert child.returncode == 0, err.decode()[-2000:]
+    return out.decode()

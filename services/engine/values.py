@@ -118,8 +118,9 @@ def _check_mac(header: dict[str, Any], secret: bytes | None) -> None:
 
 
 def seal_tensor(
-    stage: str, tensor: torch.Tensor, *, key: str, secret: bytes | None = None
+    stage: str, tensor: torch.Tensor, *, key: str, secret: bytes | None = None, **fields: Any
 ) -> bytes:
+    """One tensor; ``fields``: more of the header (a clip's grid), MAC'd with the rest."""
     from safetensors.torch import save
 
     tensor = tensor.detach().contiguous()
@@ -132,6 +133,7 @@ def seal_tensor(
         secret=secret,
         dtype=str(tensor.dtype).removeprefix("torch."),
         shape=list(tensor.shape),
+        **fields,
     )
 
 
@@ -174,20 +176,8 @@ def unseal_frames(data: bytes, stage: str, *, key: str, secret: bytes | None = N
 
 def seal_clip(stage: str, clip: ClipEmbedding, *, key: str, secret: bytes | None = None) -> bytes:
     """A clip's encoder output; its patch grid (t, h, w) and frame count in the header."""
-    from safetensors.torch import save
-
-    tensor = clip.embeds.detach().contiguous()
-    payload = save({"value": tensor})
-    return seal(
-        "tensor",
-        stage,
-        payload,
-        key=key,
-        secret=secret,
-        dtype=str(tensor.dtype).removeprefix("torch."),
-        shape=list(tensor.shape),
-        grid=list(clip.grid),
-        frames=clip.frames,
+    return seal_tensor(
+        stage, clip.embeds, key=key, secret=secret, grid=list(clip.grid), frames=clip.frames
     )
 
 

@@ -53,6 +53,7 @@ __all__ = [
     "Tower",
     "build_tiny_llava",
     "build_vitl_llava",
+    "chatml_template",
     "engine_settings",
 ]
 
@@ -88,24 +89,35 @@ _DTYPE_NAME: Final = "float32"
 # Standard deviation of the logits over the vocabulary, for a unit-size final hidden state.
 _LOGIT_SCALE: Final = 6.0
 
-# ChatML with OpenAI-style content parts: a message's content is a string, or a list of
-# {"type": "text", "text": ...} and {"type": "image"} parts (also "image_url", as OpenAI spells it).
-LLAVA_CHAT_TEMPLATE: Final = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
-    "{% if message['content'] is string %}"
-    "{{ message['content'] }}"
-    "{% else %}"
-    "{% for part in message['content'] %}"
-    "{% if part['type'] in ('image', 'image_url') %}{{ '" + IMAGE_TOKEN + "' }}"
-    "{% elif part['type'] == 'text' %}{{ part['text'] }}"
-    "{% endif %}"
-    "{% endfor %}"
-    "{% endif %}"
-    "{{ '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
+
+def chatml_template(media: dict[str, str]) -> str:
+    """ChatML with OpenAI-style content parts: a message's content is a string, or a list of
+    {"type": "text", "text": ...} parts and, for each kind in ``media`` ("image", "video"), its
+    parts (also "image_url", "video_url", as OpenAI spells them), each rendered as the text
+    ``media`` gives it (the model's own tokens for one)."""
+    branches = "".join(
+        f"{{% {'if' if i == 0 else 'elif'} part['type'] in ('{kind}', '{kind}_url') %}}"
+        f"{{{{ '{text}' }}}}"
+        for i, (kind, text) in enumerate(media.items())
+    )
+    return (
+        "{% for message in messages %}"
+        "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+        "{% if message['content'] is string %}"
+        "{{ message['content'] }}"
+        "{% else %}"
+        "{% for part in message['content'] %}" + branches + "{% elif part['type'] == 'text' %}"
+        "{{ part['text'] }}"
+        "{% endif %}"
+        "{% endfor %}"
+        "{% endif %}"
+        "{{ '<|im_end|>' + '\\n' }}"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
+
+
+LLAVA_CHAT_TEMPLATE: Final = chatml_template({"image": IMAGE_TOKEN})
 
 
 def engine_settings(path: Path, *, max_model_len: int = 512) -> dict[str, Any]:

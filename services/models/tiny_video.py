@@ -28,6 +28,7 @@ import math
 from pathlib import Path
 from typing import Any, Final
 
+from . import tiny_llava
 from .build import build_once
 from .tiny import train_tiny_tokenizer
 
@@ -61,36 +62,16 @@ _LOGIT_SCALE: Final = 6.0
 _IMAGE_PART: Final = VISION_START_TOKEN + IMAGE_PAD_TOKEN + VISION_END_TOKEN
 _VIDEO_PART: Final = VISION_START_TOKEN + VIDEO_TOKEN + VISION_END_TOKEN
 
-# ChatML with OpenAI-style content parts: a message's content is a string, or a list of
-# {"type": "text", "text": ...}, {"type": "image"} ("image_url") and {"type": "video"}
-# ("video_url") parts.
-VIDEO_CHAT_TEMPLATE: Final = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
-    "{% if message['content'] is string %}"
-    "{{ message['content'] }}"
-    "{% else %}"
-    "{% for part in message['content'] %}"
-    "{% if part['type'] in ('image', 'image_url') %}{{ '" + _IMAGE_PART + "' }}"
-    "{% elif part['type'] in ('video', 'video_url') %}{{ '" + _VIDEO_PART + "' }}"
-    "{% elif part['type'] == 'text' %}{{ part['text'] }}"
-    "{% endif %}"
-    "{% endfor %}"
-    "{% endif %}"
-    "{{ '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+# ChatML with image and video content parts, each as Qwen2-VL's vision tokens
+VIDEO_CHAT_TEMPLATE: Final = tiny_llava.chatml_template(
+    {"image": _IMAGE_PART, "video": _VIDEO_PART}
 )
 
 
 def engine_settings(path: Path, *, max_model_len: int = 1024) -> dict[str, Any]:
-    """How tests serve it (``Settings(engine=...)``): a small context and KV cache, float32."""
-    return {
-        "model": str(path),
-        "max_model_len": max_model_len,
-        "kv_cache_memory_bytes": 128 * 1024 * 1024,
-        "dtype": _DTYPE_NAME,
-    }
+    """How tests serve it (``Settings(engine=...)``): the tiny LLaVA's small context and KV
+    cache, in float32, with room for a clip's frames."""
+    return tiny_llava.engine_settings(path, max_model_len=max_model_len)
 
 
 def build_tiny_video(path: Path, *, seed: int = 0) -> Path:

@@ -28,7 +28,6 @@ joined such a flight tries once more with its own.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import time
@@ -57,6 +56,7 @@ from ..request import MediaCall
 from .batching import EncodeBatcher
 from .codec import DecodedImage, decode
 from .context import MediaContext, Shrink
+from .together import all_or_first_failure
 from .videos import NoVideos, Videos, video_stage
 
 log = logging.getLogger("mmgate.media")
@@ -157,20 +157,10 @@ class PixelsStage(MediaStage):
         return {Stage.IMAGE: _image_key(self.context.model_name, digest)}
 
     async def prepare(self, images: Sequence[ImageInput], call: MediaCall) -> PreparedImages:
-        tasks = [asyncio.ensure_future(self._image(image, call)) for image in images]
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        finally:
-            # on a failure or cancellation the others stop waiting; their decode and encode
-            # flights go on in the actor and land in the cache for the next request (a URL's
-            # fetch with no waiter left stops: fetch.py)
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        for task in tasks:
-            if not task.cancelled() and (error := task.exception()) is not None:
-                raise error
-        results = [task.result() for task in tasks]
+        # on a failure the others stop waiting; their decode and encode flights go on in the
+        # actor and land in the cache for the next request (a URL's fetch with no waiter left
+        # stops: fetch.py)
+        results = await all_or_first_failure([self._image(image, call) for image in images])
         return PreparedImages(
             engine=EngineImages(
                 form=self.form,

@@ -53,6 +53,7 @@ from ...wire import digest_of
 from ..cache_front import outcome_of
 from ..request import MediaCall
 from .context import MediaContext
+from .together import all_or_first_failure
 from .video import VideoLimits, decode_video
 
 if TYPE_CHECKING:
@@ -147,18 +148,8 @@ class VideoStage(Videos):
         )
 
     async def prepare(self, videos: Sequence[VideoInput], call: MediaCall) -> PreparedVideos:
-        tasks = [asyncio.ensure_future(self._video(video, call)) for video in videos]
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        finally:
-            # the others stop waiting; a decode nobody waits for any more stops too
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        for task in tasks:
-            if not task.cancelled() and (error := task.exception()) is not None:
-                raise error
-        results = [task.result() for task in tasks]
+        # on a failure the others stop waiting; a decode nobody waits for any more stops too
+        results = await all_or_first_failure([self._video(video, call) for video in videos])
         return PreparedVideos(
             engine=EngineVideos(
                 items=tuple(item for item, _, _ in results),

@@ -5,7 +5,6 @@ in-process server, which the tracing and health tests share."""
 from __future__ import annotations
 
 import asyncio
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,7 +20,7 @@ from services.pipeline.media import PixelsStage
 from services.proto.mmgate.v1 import inference_pb2 as pb
 from services.wire import TENANT_HEADER
 from tests.services.statuses import error_details, violated_fields
-from tests.support import eventually
+from tests.support import eventually, run_cli
 
 from ..imagegen import corrupt_png, large_png, png, png_bomb, variant
 from ..prom import promtool_problems, scrape
@@ -244,26 +243,11 @@ async def test_the_cli_sends_an_image_file_and_shows_the_mode(
     picture = tmp_path / "picture.png"
     picture.write_bytes(png(601))
     target = f"127.0.0.1:{server.port}"
-
-    async def mmgate(*args: str) -> str:
-        # a child process: this test's loop serves the server meanwhile
-        child = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "services.cli",
-            *args,
-            "--target",
-            target,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await asyncio.wait_for(child.communicate(), 120)
-        assert child.returncode == 0, err.decode()[-2000:]
-        return out.decode()
-
-    answer = await mmgate("generate", "What is this?", "--image", str(picture), "--max-tokens", "4")
+    answer = await run_cli(
+        target, "generate", "What is this?", "--image", str(picture), "--max-tokens", "4"
+    )
     assert answer.strip()
-    table = await mmgate("stats")
+    table = await run_cli(target, "stats")
     assert "embeddings" in table
 
 

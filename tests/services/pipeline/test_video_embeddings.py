@@ -5,7 +5,6 @@ caches its output), a real redis-server, the real vLLM engine taking the embeddi
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from services.pipeline.media.videos import VideoEmbeddingsStage
 from services.proto.mmgate.v1 import inference_pb2 as pb
 from tests.redis_support import RedisProcess, redis_server
 from tests.services.imagegen import png
-from tests.services.in_process import vllm_worker
+from tests.services.pipeline.vllm_video import vllm_answer
 from tests.support import eventually
 from tests.video_clips import moving_shapes
 
@@ -75,34 +74,16 @@ def stage(server: MmgateServer) -> VideoEmbeddingsStage:
 async def test_a_clip_gets_the_answer_vllm_gives_for_its_frames(
     client: MmgateClient, server: MmgateServer
 ) -> None:
-    from vllm import SamplingParams
-    from vllm.multimodal.video import VideoBackend
-
     data = moving_shapes(frames=24, seed=31)
     answer = await client.complete_request(ask(data))
     report = answer.final.cache.videos[0]
     assert (report.form, report.frames, report.outcome) == ("embeddings", FRAMES, "miss")
     assert stage(server).stats.encodes == 1
 
-    # vLLM encoding the same frames itself: its loader samples them, its tower encodes them
-    engine = vllm_worker(server)._require()
-    frames, _ = VideoBackend.load_bytes(data, num_frames=FRAMES)
-    tokenizer = engine.get_tokenizer()
-    parts = [{"type": "video"}, {"type": "text", "text": "\nWhat happens here?"}]
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": parts}], add_generation_prompt=True, tokenize=False
-    )
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    final = None
-    async for output in engine.generate(
-        {"prompt_token_ids": list(ids), "multi_modal_data": {"video": frames}},
-        SamplingParams(max_tokens=8, temperature=0.0),
-        f"vllm-{uuid.uuid4().hex}",
-    ):
-        final = output
-    assert final is not None
-    assert list(answer.token_ids) == list(final.outputs[0].token_ids)
-    assert answer.final.usage.prompt_tokens == len(final.prompt_token_ids)
+    # vLLM on the same clip: its loader samples it, its engine encodes the frames
+    tokens, prompt_tokens = await vllm_answer(server, data, FRAMES, "What happens here?")
+    assert list(answer.token_ids) == tokens
+    assert answer.final.usage.prompt_tokens == prompt_tokens
 
 
 async def test_concurrent_requests_encode_once_and_a_repeat_encodes_nothing(

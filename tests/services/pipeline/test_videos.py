@@ -7,9 +7,7 @@ from __future__ import annotations
 import asyncio
 import http.server
 import re
-import sys
 import threading
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -26,10 +24,10 @@ from services.models.tiny_video import engine_settings
 from services.pipeline.media.videos import VideoStage
 from services.proto.mmgate.v1 import inference_pb2 as pb
 from tests.redis_support import RedisProcess, redis_server
-from tests.services.in_process import vllm_worker
+from tests.services.pipeline.vllm_video import vllm_answer
 from tests.services.prom import promtool_problems, scrape
 from tests.services.statuses import error_details, violated_fields
-from tests.support import eventually
+from tests.support import eventually, run_cli
 from tests.video_clips import (
     fake_magic,
     huge_frames,
@@ -138,33 +136,14 @@ async def test_the_model_info_says_it_takes_video(client: MmgateClient) -> None:
 async def test_a_clip_gets_the_answer_vllm_gives_for_the_same_frames(
     client: MmgateClient, replicas: tuple[MmgateServer, MmgateServer]
 ) -> None:
-    from vllm import SamplingParams
-    from vllm.multimodal.video import VideoBackend
-
     data = moving_shapes(frames=24, seed=1)
     answer = await client.complete_request(ask(data))
     assert answer.final.cache.videos[0].frames == FRAMES
 
-    # vLLM's own path: its OpenCV loader samples the clip, the model's chat template renders the
-    # chat (the client put the placeholder before the text, on a line of its own)
-    engine = vllm_worker(replicas[0])._require()
-    frames, _ = VideoBackend.load_bytes(data, num_frames=FRAMES)
-    tokenizer = engine.get_tokenizer()
-    parts = [{"type": "video"}, {"type": "text", "text": "\nWhat happens here?"}]
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": parts}], add_generation_prompt=True, tokenize=False
-    )
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    final = None
-    async for output in engine.generate(
-        {"prompt_token_ids": list(ids), "multi_modal_data": {"video": frames}},
-        SamplingParams(max_tokens=8, temperature=0.0),
-        f"vllm-{uuid.uuid4().hex}",
-    ):
-        final = output
-    assert final is not None
-    assert list(answer.token_ids) == list(final.outputs[0].token_ids)
-    assert answer.final.usage.prompt_tokens == len(final.prompt_token_ids)
+    # vLLM on the same clip: its loader samples it, its engine encodes the frames
+    tokens, prompt_tokens = await vllm_answer(replicas[0], data, FRAMES, "What happens here?")
+    assert list(answer.token_ids) == tokens
+    assert answer.final.usage.prompt_tokens == prompt_tokens
 
 
 async def test_a_repeat_is_a_memory_hit_and_decodes_nothing(
@@ -347,24 +326,17 @@ async def test_the_cli_sends_a_clip_and_the_metrics_and_stats_count_it(
     url = f"http://127.0.0.1:{server.metrics.port}/metrics"
     before = await scrape(url)
 
-    async def mmgate(*args: str) -> str:
-        # a child process: this test's loop serves the server meanwhile
-        child = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "services.cli",
-            *args,
-            "--target",
-            f"127.0.0.1:{server.port}",
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await asyncio.wait_for(child.communicate(), 120)
-        assert child.returncode == 0, err.decode()[-2000:]
-        return out.decode()
-
-    answer = await mmgate(
-        "generate", "What happens?", "--video", str(clip_file), "--frames", "4", "--max-tokens", "4"
+    target = f"127.0.0.1:{server.port}"
+    answer = await run_cli(
+        target,
+        "generate",
+        "What happens?",
+        "--video",
+        str(clip_file),
+        "--frames",
+        "4",
+        "--max-tokens",
+        "4",
     )
     assert answer.strip()
     after = await scrape(url)
@@ -379,5 +351,5 @@ async def test_the_cli_sends_a_clip_and_the_metrics_and_stats_count_it(
         == 4
     )
     assert promtool_problems(after.text) == ""
-    table = await mmgate("stats")
+    table = await run_cli(target, "stats")
     assert "clips decoded (frames)" in table
