@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(ENGINE)
 HOST ?= 127.0.0.1
 PORT ?= 50051
 
-.PHONY: all install test lint typecheck architecture unit proto manifests settings-table serve mesh bench bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-tools bench-unary bench-adapters bench-fair-queue bench-fair-weights bench-watch bench-frontend bench-observability bench-plots gpu-check soak reliability-report clean
+.PHONY: all install test lint typecheck architecture unit proto manifests settings-table serve mesh bench bench-cache bench-growth bench-service bench-images bench-image-repeats bench-video-repeats bench-structured bench-tools bench-unary bench-adapters bench-fair-queue bench-fair-weights bench-watch bench-frontend bench-observability bench-plots gpu-check soak reliability-report clean
 
 all: test
 
@@ -136,10 +136,12 @@ ifeq ($(QUICK),1)
 CACHE_ARGS := --lookups 2000 --repeats 1
 GROWTH_ARGS := --sizes 1000 10000 --lookups 2000 --outputs 100
 REPEATS_ARGS := --model tiny --requests 10 --repeats 0.9 --layouts shared --contenders mmgate vllm-base64 --interleave --pin 0
+VIDEO_REPEATS_ARGS := --requests 10 --repeats 0.9 --layouts shared --contenders mmgate vllm-base64 --interleave --pin 0
 else
 CACHE_ARGS :=
 GROWTH_ARGS := --large
 REPEATS_ARGS := --model tiny --requests 150 --runs 3 --servers 2 --interleave --pin 0 --contenders mmgate mmgate-auto vllm-base64 vllm-uuid
+VIDEO_REPEATS_ARGS := --requests 100 --runs 3 --interleave --pin 0 --contenders mmgate mmgate-embeddings vllm-base64 vllm-uuid
 endif
 TEXT_ARGS := --cache-policy prompt --loops 2 --warmup 8 --rounds 3 --levels 1 4 16
 ifeq ($(QUICK),1)
@@ -205,6 +207,11 @@ ifneq ($(QUICK),1)
 	$(BIN)/python -m bench.image_repeats --model vitl --requests 20 --repeats 0.9 --working-sets 2 8 --json $(FIGURES)/images-vitl.json
 endif
 
+# repeated video clips against vLLM's server (base64 data URLs, with and without uuids): the tiny
+# video model, 4-second 320x240 clips, 8 frames sampled
+bench-video-repeats: $(STAMP)
+	$(BIN)/python -m bench.video_repeats $(VIDEO_REPEATS_ARGS) --json $(FIGURES)/video-tiny.json
+
 # what one server process relays over a synthetic GPU (no CPU): mmgate, the bare grpc.aio
 # limit, vLLM's gRPC and OpenAI servers, each under 64-1,024 streams from its own load process
 bench-frontend: $(STAMP)
@@ -220,9 +227,9 @@ bench-plots: $(STAMP)
 	$(BIN)/python -m bench.plots --figures $(FIGURES) --out docs/images
 
 ifeq ($(QUICK),1)
-bench: bench-cache bench-growth bench-image-repeats bench-frontend
+bench: bench-cache bench-growth bench-image-repeats bench-video-repeats bench-frontend
 else
-bench: bench-cache bench-growth bench-service bench-images bench-image-repeats bench-structured bench-tools bench-unary bench-adapters bench-fair-queue bench-fair-weights bench-watch bench-frontend bench-observability bench-plots
+bench: bench-cache bench-growth bench-service bench-images bench-image-repeats bench-video-repeats bench-structured bench-tools bench-unary bench-adapters bench-fair-queue bench-fair-weights bench-watch bench-frontend bench-observability bench-plots
 endif
 
 # the full multi-replica suite: three replicas behind the proxy, fail-over, rolling restart,
