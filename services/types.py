@@ -422,6 +422,7 @@ __all__ = [
     "EngineStats",
     "EngineTimes",
     "EngineTokenStats",
+    "EngineVideos",
     "Finished",
     "GenerationRequest",
     "ImageInput",
@@ -438,4 +439,6 @@ __all__ = [
     "TokenLogprobs",
     "ToolCall",
     "Tools",
+    "VideoInput",
+    "VideoReport",
 ]

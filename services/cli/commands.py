@@ -16,6 +16,7 @@ mmgate models tiny PATH [--seed N]          a tiny random Llama (tests)
 mmgate models tiny-llava PATH [--seed N]    a tiny random LLaVA (multimodal tests)
 mmgate models tiny-video PATH [--seed N]    a tiny random Qwen2-VL (video tests)
 mmgate models vitl-llava PATH [--seed N]    a random LLaVA, ViT-L/14-336-sized tower (benchmarks)
+mmgate models qwen2vl-video PATH [--seed N] a random Qwen2-VL, 2B-sized video tower (benchmarks)
 mmgate models adapter MODEL PATH [--seed N] [--rank R] [--vision]   a random LoRA adapter (tests)
 """
 
@@ -198,6 +199,8 @@ def _models(args: argparse.Namespace) -> int:
         path = models.build_tiny_video(Path(args.path), seed=args.seed)
     elif args.models_command == "vitl-llava":
         path = models.build_vitl_llava(Path(args.path), seed=args.seed)
+    elif args.models_command == "qwen2vl-video":
+        path = models.build_qwen2vl_video(Path(args.path), seed=args.seed)
     elif args.models_command == "adapter":
         path = models.build_test_adapter(
             Path(args.model), Path(args.path), seed=args.seed, rank=args.rank, vision=args.vision
@@ -323,6 +326,7 @@ def _parser() -> argparse.ArgumentParser:
         ("tiny-llava", "a tiny random LLaVA"),
         ("tiny-video", "a tiny random Qwen2-VL (video)"),
         ("vitl-llava", "a random LLaVA with a ViT-L/14-336-sized vision tower"),
+        ("qwen2vl-video", "a random Qwen2-VL with a Qwen2-VL-2B-sized video tower"),
     ):
         build = model_commands.add_parser(name, help=f"build {what} for tests, once")
         build.add_argument("path", help="the model folder to write")

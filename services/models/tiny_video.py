@@ -19,12 +19,19 @@ positions a pair. The chat template writes one ``<|video_pad|>`` (or ``<|image_p
 
 float32, as the tiny LLaVA, so that the vision tower's kernels in vLLM and transformers agree.
 
+Beside it, :func:`build_qwen2vl_video`: the same tiny Qwen2 behind a vision tower of
+Qwen2-VL-2B-Instruct's shape (:data:`QWEN2VL_2B_TOWER`: 32 blocks, width 1280), frames resized to
+84x84 (9 positions a pair, 36 a clip of 8 frames), so that the tower costs a real model's time:
+about 1.7 s a clip of 8 frames on one CPU thread. For benchmarks of mmgate's embeddings mode.
+
     mmgate models tiny-video PATH [--seed N]
+    mmgate models qwen2vl-video PATH [--seed N]
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -34,11 +41,15 @@ from .tiny import train_tiny_tokenizer
 
 __all__ = [
     "IMAGE_PAD_TOKEN",
+    "QWEN2VL_2B_TOWER",
     "TINY_VIDEO_FRAME_SIZE",
+    "TINY_VIDEO_TOWER",
     "VIDEO_CHAT_TEMPLATE",
     "VIDEO_TOKEN",
     "VISION_END_TOKEN",
     "VISION_START_TOKEN",
+    "VideoTower",
+    "build_qwen2vl_video",
     "build_tiny_video",
     "engine_settings",
 ]
@@ -53,6 +64,30 @@ VIDEO_TOKEN: Final = "<|video_pad|>"
 TINY_VIDEO_FRAME_SIZE: Final = 56
 _PATCH_SIZE: Final = 14
 _TEXT_HIDDEN_SIZE: Final = 128
+_MERGE: Final = 2  # spatial merge: 2x2 patches into one position
+
+
+@dataclass(frozen=True, slots=True)
+class VideoTower:
+    """The shape of a Qwen2-VL vision tower (14-pixel patches, temporal patch 2, 2x2 merge) and
+    the side of the square its processor resizes each frame to."""
+
+    frame_size: int
+    depth: int
+    embed_dim: int
+    num_heads: int
+    mlp_ratio: int
+
+    @property
+    def pair_tokens(self) -> int:
+        """Positions a square frame pair (or an image) takes in the language model."""
+        return (self.frame_size // (_PATCH_SIZE * _MERGE)) ** 2
+
+
+TINY_VIDEO_TOWER: Final = VideoTower(TINY_VIDEO_FRAME_SIZE, 2, 64, 2, 2)
+# Qwen/Qwen2-VL-2B-Instruct's vision tower (~0.6 G parameters); 84x84 frames keep a clip of 8
+# frames near 1.7 s on one CPU thread (the 32 blocks' weights, read once a run, dominate it)
+QWEN2VL_2B_TOWER: Final = VideoTower(84, 32, 1280, 16, 4)
 
 _DTYPE_NAME: Final = "float32"
 
@@ -86,10 +121,30 @@ def build_tiny_video(path: Path, *, seed: int = 0) -> Path:
         FileExistsError: ``path`` holds something else: another seed, or no marker.
     """
     recipe = {"kind": "tiny-video", "seed": seed, "dtype": _DTYPE_NAME}
-    return build_once(path, recipe, lambda tmp: _write_tiny_video(tmp, seed))
+    return build_once(path, recipe, lambda tmp: _write_tiny_video(tmp, seed, TINY_VIDEO_TOWER))
 
 
-def _write_tiny_video(out: Path, seed: int) -> None:
+def build_qwen2vl_video(path: Path, *, seed: int = 0) -> Path:
+    """Build a random-weight Qwen2-VL with a Qwen2-VL-2B-shaped vision tower at ``path`` (once).
+
+    The tiny Qwen2 of :func:`build_tiny_video` behind a tower of :data:`QWEN2VL_2B_TOWER`'s
+    shape, its merger's output the tiny model's width; frames resized to 84x84, so each pair
+    takes 9 positions (36 a clip of 8 frames) and a clip costs the tower seconds on a CPU.
+    About 2.6 GB, float32; building takes ~1 min.
+
+    Raises:
+        FileExistsError: ``path`` holds something else: another seed, or no marker.
+    """
+    recipe = {
+        "kind": "qwen2vl-video",
+        "seed": seed,
+        "dtype": _DTYPE_NAME,
+        **asdict(QWEN2VL_2B_TOWER),
+    }
+    return build_once(path, recipe, lambda tmp: _write_tiny_video(tmp, seed, QWEN2VL_2B_TOWER))
+
+
+def _write_tiny_video(out: Path, seed: int, tower: VideoTower) -> None:
     """Tokenizer, image and video processors and seeded random model, saved as one folder."""
     import torch
     from transformers import (
@@ -129,13 +184,13 @@ def _write_tiny_video(out: Path, seed: int) -> None:
             "pad_token_id": tokenizer.pad_token_id,
         },
         vision_config={
-            "depth": 2,
-            "embed_dim": 64,
+            "depth": tower.depth,
+            "embed_dim": tower.embed_dim,
             "hidden_size": _TEXT_HIDDEN_SIZE,  # the merger's output: the language model's width
-            "num_heads": 2,
-            "mlp_ratio": 2,
+            "num_heads": tower.num_heads,
+            "mlp_ratio": tower.mlp_ratio,
             "patch_size": _PATCH_SIZE,
-            "spatial_merge_size": 2,
+            "spatial_merge_size": _MERGE,
             "temporal_patch_size": 2,
         },
         image_token_id=token_ids[IMAGE_PAD_TOKEN],
@@ -153,11 +208,11 @@ def _write_tiny_video(out: Path, seed: int) -> None:
     model = model.to(getattr(torch, _DTYPE_NAME))
     model.save_pretrained(out)
 
-    pixels = TINY_VIDEO_FRAME_SIZE * TINY_VIDEO_FRAME_SIZE
+    pixels = tower.frame_size * tower.frame_size
     processor = Qwen2VLProcessor(
         image_processor=Qwen2VLImageProcessorPil(min_pixels=pixels, max_pixels=pixels),
         # cap_pixels_per_frame False: transformers' current rule, said out loud (unset, it warns
-        # that the default changes in 5.22; True would raise the per-frame bound past 56*56)
+        # that the default changes in 5.22; True would raise the per-frame bound past pixels)
         video_processor=Qwen2VLVideoProcessor(
             min_pixels=pixels, max_pixels=pixels, cap_pixels_per_frame=False
         ),
@@ -165,7 +220,7 @@ def _write_tiny_video(out: Path, seed: int) -> None:
         chat_template=VIDEO_CHAT_TEMPLATE,
     )
     processor.save_pretrained(out)
-    _check_saved(out)
+    _check_saved(out, tower)
 
 
 def _scale_weights(model: Any) -> None:
@@ -187,10 +242,10 @@ def _scale_weights(model: Any) -> None:
         head.weight.normal_(0.0, _LOGIT_SCALE / math.sqrt(_TEXT_HIDDEN_SIZE))
 
 
-def _check_saved(out: Path) -> None:
+def _check_saved(out: Path, tower: VideoTower) -> None:
     """Read back what vLLM reads, so that the marker is never written over a broken model: the
     config's family and token ids, the processor's tokens and template, and what a square
-    frame pair and an image cost (4 positions each)."""
+    frame pair and an image cost (``tower.pair_tokens`` positions each)."""
     import numpy as np
     from transformers import AutoConfig, AutoProcessor
 
@@ -207,7 +262,7 @@ def _check_saved(out: Path) -> None:
         raise RuntimeError(f"{out}: the tokenizer's vision tokens are not the model's")
     if not processor.tokenizer.chat_template:
         raise RuntimeError(f"{out}: the saved processor lost its chat template")
-    side = TINY_VIDEO_FRAME_SIZE + 8  # resized down to 56x56
+    side = tower.frame_size + 8  # resized down to frame_size
     prompt = _VIDEO_PART + _IMAGE_PART
     encoded = processor(
         text=[prompt],
@@ -217,5 +272,8 @@ def _check_saved(out: Path) -> None:
     )
     ids = encoded["input_ids"][0].tolist()
     counts = (ids.count(config.video_token_id), ids.count(config.image_token_id))
-    if counts != (4, 4):
-        raise RuntimeError(f"{out}: a square frame pair and an image take {counts}, not 4 each")
+    expected = tower.pair_tokens
+    if counts != (expected, expected):
+        raise RuntimeError(
+            f"{out}: a square frame pair and an image take {counts}, not {expected} each"
+        )

@@ -17,9 +17,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from cache_actor import CacheStats, WatchStats
 from services.config import Settings
 from services.engine.worker import EngineWorker
+from services.media_types import VideoStats
 from services.observability.adapter_metrics import adapter_families
 from services.observability.degraded_metrics import DegradedStats, degraded_families
-from services.observability.media_metrics import FetchStats, fetch_families, media_families
+from services.observability.media_metrics import (
+    FetchStats,
+    fetch_families,
+    media_families,
+    video_families,
+)
 from services.observability.metric_families import (
     actor_families,
     admission_families,
@@ -213,5 +219,6 @@ def service_families(
         *info_families(model, media_mode),
         *queue_families(QueueStats()),
         *media_families(media or MediaStats()),
+        *video_families(VideoStats()),
         *fetch_families(FetchStats()),
     ]

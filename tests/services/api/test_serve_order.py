@@ -44,9 +44,9 @@ def servicer(admission: Admission, events: list[EngineDelta | Finished]) -> Infe
             yield event
 
     pipeline = SimpleNamespace(
-        check_ready=lambda with_images: None,
+        check_ready=lambda with_images, with_videos=False: None,
         engine=SimpleNamespace(max_model_len=1024, vocab_size=None),
-        media=SimpleNamespace(takes_images=False),
+        media=SimpleNamespace(takes_images=False, videos=SimpleNamespace(takes_video=False)),
         request=lambda *args: object(),
         generate=generate,
     )

@@ -33,7 +33,9 @@ def test_the_lists_of_stages_are_the_enums() -> None:
     assert {stage.value for stage in Stage} == NAMED | {""}
     assert frozenset(Stage) == WATCH_STAGES
     assert set(CLI_STAGES) == NAMED
-    assert MEDIA_STAGES == MEDIA == {Stage.IMAGE, Stage.EMBEDDING}
+    assert (
+        MEDIA_STAGES == MEDIA == {Stage.IMAGE, Stage.EMBEDDING, Stage.VIDEO, Stage.VIDEO_EMBEDDING}
+    )
 
 
 def test_the_proto_documents_the_enums_stages() -> None:

@@ -12,10 +12,17 @@ import numpy as np
 import pytest
 
 from services.cli.commands import main
-from services.models import MARKER_NAME, VIDEO_TOKEN, build_tiny_video
+from services.models import (
+    MARKER_NAME,
+    QWEN2VL_2B_TOWER,
+    VIDEO_TOKEN,
+    build_qwen2vl_video,
+    build_tiny_video,
+)
 from services.models.tiny_video import (
     IMAGE_PAD_TOKEN,
     TINY_VIDEO_FRAME_SIZE,
+    TINY_VIDEO_TOWER,
     VIDEO_CHAT_TEMPLATE,
     engine_settings,
 )
@@ -154,3 +161,24 @@ def test_engine_settings_serve_it_in_float32(tiny_video: Path) -> None:
     settings = engine_settings(tiny_video)
     assert settings["model"] == str(tiny_video)
     assert (settings["dtype"], settings["max_model_len"]) == ("float32", 1024)
+
+
+def test_the_tiny_tower_is_what_the_config_says(tiny_video: Path) -> None:
+    vision = _config(tiny_video).vision_config
+    shape = (vision.depth, vision.embed_dim, vision.num_heads, vision.mlp_ratio)
+    assert shape == (2, 64, 2, 2)
+    assert (TINY_VIDEO_TOWER.frame_size, TINY_VIDEO_TOWER.pair_tokens) == (56, 4)
+
+
+def test_the_big_tower_has_qwen2_vl_2b_shape() -> None:
+    # Qwen/Qwen2-VL-2B-Instruct's vision_config: depth 32, embed_dim 1280, 16 heads, mlp_ratio 4;
+    # 84x84 frames: 3x3 positions a pair after the 2x2 merge
+    tower = QWEN2VL_2B_TOWER
+    assert (tower.depth, tower.embed_dim, tower.num_heads, tower.mlp_ratio) == (32, 1280, 16, 4)
+    assert (tower.frame_size, tower.pair_tokens) == (84, 9)
+
+
+def test_the_big_model_is_not_built_over_the_tiny_one(tiny_video: Path) -> None:
+    # the recipe differs (kind and tower), so build_once refuses before building 2.6 GB
+    with pytest.raises(FileExistsError):
+        build_qwen2vl_video(tiny_video)

@@ -92,9 +92,12 @@ async def test_concurrent_requests_encode_once_and_a_repeat_encodes_nothing(
     videos = stage(server)
     data = moving_shapes(seed=32)
     decodes, encodes = videos.stats.decodes, videos.stats.encodes
-    answers = await asyncio.gather(*(client.complete_request(ask(data)) for _ in range(8)))
+    answers = await asyncio.gather(*(client.complete_request(ask(data)) for _ in range(16)))
     assert (videos.stats.decodes, videos.stats.encodes) == (decodes + 1, encodes + 1)
-    assert sorted(a.final.cache.videos[0].outcome for a in answers) == ["coalesced"] * 7 + ["miss"]
+    # one encoded it; the others joined it, or (arriving after it ended) found it stored
+    outcomes = [a.final.cache.videos[0].outcome for a in answers]
+    assert outcomes.count("miss") == 1
+    assert set(outcomes) <= {"miss", "coalesced", "hit"}
     again = await client.complete_request(ask(data))
     assert again.final.cache.videos[0].outcome == "hit"
     assert (videos.stats.decodes, videos.stats.encodes) == (decodes + 1, encodes + 1)

@@ -13,6 +13,9 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 import torch
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from cache_actor import CacheActor
 from services.config import Settings
@@ -20,6 +23,7 @@ from services.engine.values import BadValue, seal_tensor
 from services.engine.video_encoder import ClipEmbedding
 from services.errors import DecodeStopped, InvalidRequest, ModelTakesNoVideo, VideoNotHeld
 from services.media_types import VideoInput, VideoSampling
+from services.observability import spans
 from services.pipeline.cache_front import CacheFront
 from services.pipeline.media import ImageFetcher, MediaContext
 from services.pipeline.media import videos as video_stage_module
@@ -167,3 +171,22 @@ def test_a_clips_embeddings_go_to_the_second_tier_with_their_grid() -> None:
     # a plain tensor under the stage's name has no grid
     with pytest.raises(BadValue, match="grid"):
         codec.decode(seal_tensor("video_embedding", torch.ones(2, 3), key="k"), "k")
+
+
+async def test_a_decode_is_one_span_with_the_clips_frames_and_size(stage: VideoStage) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    token = spans.CURRENT_TRACER.set(provider.get_tracer("test"))
+    try:
+        await stage.prepare([clip(moving_shapes(seed=23), frames=4)], call())
+    finally:
+        spans.CURRENT_TRACER.reset(token)
+    spans.flush_pending()
+    [decode] = [s for s in exporter.get_finished_spans() if s.name == "media.decode"]
+    attributes = dict(decode.attributes or {})
+    assert attributes["mmgate.media.kind"] == "video"
+    assert attributes["mmgate.video.frames"] == 4
+    assert attributes["mmgate.video.source_frames"] == 16
+    assert (attributes["mmgate.video.width"], attributes["mmgate.video.height"]) == (64, 64)
+    assert attributes["mmgate.video.bytes"] == len(moving_shapes(seed=23))

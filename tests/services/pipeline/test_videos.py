@@ -188,8 +188,10 @@ async def test_sixteen_requests_with_one_new_clip_decode_it_once(
     before = await decodes(replicas[0])
     answers = await asyncio.gather(*(client.complete_request(ask(data)) for _ in range(16)))
     assert await decodes(replicas[0]) == before + 1
-    outcomes = sorted(a.final.cache.videos[0].outcome for a in answers)
-    assert outcomes == ["coalesced"] * 15 + ["miss"]
+    # one decoded it; the others joined it, or (arriving after it ended) found it stored
+    outcomes = [a.final.cache.videos[0].outcome for a in answers]
+    assert outcomes.count("miss") == 1
+    assert set(outcomes) <= {"miss", "coalesced", "hit"}
     assert len({tuple(a.token_ids) for a in answers}) == 1
 
 
