@@ -208,9 +208,13 @@ ifneq ($(QUICK),1)
 endif
 
 # repeated video clips against vLLM's server (base64 data URLs, with and without uuids): the tiny
-# video model, 4-second 320x240 clips, 8 frames sampled
+# video model, 4-second 320x240 clips, 8 frames sampled; then the Qwen2-VL-2B-sized tower at 90%
+# repeats, a working set of twice vLLM's encoder cache (21 clips), one clip per request
 bench-video-repeats: $(STAMP)
 	$(BIN)/python -m bench.video_repeats $(VIDEO_REPEATS_ARGS) --json $(FIGURES)/video-tiny.json
+ifneq ($(QUICK),1)
+	$(BIN)/python -m bench.video_repeats --model big --requests 30 --repeats 0.9 --working-sets 42 --layouts per-request --contenders mmgate-embeddings vllm-base64 --interleave --pin 0 --json $(FIGURES)/video-big.json
+endif
 
 # what one server process relays over a synthetic GPU (no CPU): mmgate, the bare grpc.aio
 # limit, vLLM's gRPC and OpenAI servers, each under 64-1,024 streams from its own load process

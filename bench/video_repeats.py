@@ -1,6 +1,7 @@
 """Repeated video clips: mmgate against vLLM's own server, by repeats, layout and working set.
 
-    python -m bench.video_repeats [--requests 30] [--repeats 0 0.5 0.9] [--working-sets 4]
+    python -m bench.video_repeats [--model tiny|big] [--requests 30] [--repeats 0 0.5 0.9]
+                                  [--working-sets 4]
                                   [--layouts shared per-request]
                                   [--contenders mmgate vllm-base64 vllm-uuid ...] [--json F]
                                   [--runs 3] [--servers 2] [--interleave [--block 1]]
@@ -8,10 +9,12 @@
 
 bench/image_repeats.py with clips for images: its cases, request plan, schedule, freezing of the
 idle engines, pinning, ratios and run agreement are imported from it, and what is said there of
-them holds here. The model is the tiny video model (a random Qwen2-VL,
-services/models/tiny_video.py); each contender runs on a fresh engine with the same engine
-arguments (``engine_settings(model)``: float32, the model's context) and the same limits (one
-image and one clip a request), and samples the same frames of a clip (``FRAMES``, spread evenly):
+them holds here. The model (--model) is the tiny video model (a random Qwen2-VL,
+services/models/tiny_video.py), whose tower costs nothing, or ``big``: the same language model
+behind a tower of Qwen2-VL-2B's shape (``build_qwen2vl_video``: 36 positions a clip, ~1.7 s of
+tower a clip on one CPU). Each contender runs on a fresh engine with the same engine arguments
+(``engine_settings(model)``: float32, the model's context) and the same limits (one image and
+one clip a request), and samples the same frames of a clip (``FRAMES``, spread evenly):
   mmgate        ``mmgate serve`` with clips in pixels mode (``MMGATE_MEDIA__VIDEO_MODE``): a
                 clip is decoded and sampled once per (tenant, digest, sampling), its frames
                 cached and handed to vLLM with a uuid; the engine encodes them. Called by
@@ -43,6 +46,17 @@ runs (Cache.GetStats' VideoStats, before and after); vLLM its processor-cache qu
 prefix-cache hits (``vllm:mm_cache_*``, ``vllm:prefix_cache_*``): vLLM exports no count of video
 decodes or encoder runs.
 Then, as image_repeats does, vLLM's TTFT p50 / mmgate's and mmgate's req/s / vLLM's.
+
+vLLM's encoder cache (vllm/v1/core/encoder_cache_manager.py, ``compute_encoder_budget``) holds
+``max(max_num_batched_tokens, one item's most tokens)`` tokens of tower output; on a CPU vLLM
+defaults ``max_num_batched_tokens`` to 2048 (``get_batch_defaults``), capped at ``max_num_seqs
+* max_model_len``. The big model runs with ``BIG_ENGINE`` on both sides (``max_num_seqs`` 4,
+context 128): a cache of 512 tokens, 21 clips of 24 positions (320x240 resized to 84x56), so
+that a working set past it takes minutes to send rather than a quarter of an hour; its size is
+printed at start, from the scheduler config each side's engine gets (vLLM's server and mmgate's
+engine default it apart). Only the per-request layout measures that cache: in the shared one a
+repeated clip's positions are prefix-cache hits, which spare vLLM the tower whatever its encoder
+cache holds.
 """
 
 from __future__ import annotations
@@ -53,6 +67,7 @@ import base64
 import hashlib
 import json
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -60,10 +75,14 @@ from pathlib import Path
 from typing import Any, Final
 
 from services.client import build_request
-from services.config import EngineSettings
+from services.config import EngineSettings, default_model_cache
 from services.engine.plan import EnginePlan, ImageIntake
 from services.engine.worker import EngineWorker
-from services.models.tiny_video import build_tiny_video, engine_settings
+from services.models.tiny_video import (
+    build_qwen2vl_video,
+    build_tiny_video,
+    engine_settings,
+)
 from services.proto.mmgate.v1 import inference_pb2 as pb
 from services.wire import VIDEO_PLACEHOLDER
 from tests.video_clips import moving_shapes
@@ -90,6 +109,10 @@ CLIP_FRAMES: Final = 64
 CLIP_SIZE: Final = (320, 240)
 CLIP_FPS: Final = 16.0
 MIME_TYPE: Final = "video/x-msvideo"  # AVI: what write_clip makes of MJPG frames
+# the big model's engine arguments beyond engine_settings', the same for every side: a small
+# encoder cache (max_num_seqs * max_model_len = 512 tokens), see the module's docstring; a
+# per-request prompt (~80 positions with its clip and answer) fits, the shared system prompt not
+BIG_ENGINE: Final = {"max_num_seqs": 4, "max_model_len": 128}
 
 
 def clip(seed: int) -> bytes:
@@ -215,6 +238,36 @@ class VllmVideoSide(VllmSide):
 VideoSide = MmgateVideoSide | VllmVideoSide
 
 
+def encoder_cache_tokens(model: Path, engine: dict[str, Any]) -> dict[str, int] | None:
+    """vLLM's encoder cache size in tokens, as vLLM's server and mmgate's engine would size it
+    for these engine arguments (their usage contexts default ``max_num_batched_tokens`` apart),
+    and the positions one clip of the benchmark takes."""
+    try:
+        import numpy as np
+        from transformers import AutoProcessor
+        from vllm.usage.usage_lib import UsageContext
+
+        intake = ImageIntake(per_prompt=1, embeddings=False, videos=1)
+        args = EngineWorker(EngineSettings(**engine)).engine_args(EnginePlan(str(model), intake))
+        sizes = {}
+        for name, usage in (
+            ("vllm-server", UsageContext.OPENAI_API_SERVER),
+            ("mmgate-engine", UsageContext.ENGINE_CONTEXT),
+        ):
+            config = args.__class__(**vars(args)).create_engine_config(usage_context=usage)
+            sizes[name] = int(config.scheduler_config.encoder_cache_size)
+        processor = AutoProcessor.from_pretrained(model)
+        width, height = CLIP_SIZE
+        frames = np.zeros((FRAMES, height, width, 3), dtype=np.uint8)
+        grid = processor.video_processor(videos=[frames], return_tensors="np")["video_grid_thw"]
+        t, h, w = (int(v) for v in grid[0])
+        sizes["clip"] = t * h * w // 4  # the merger's 2x2
+        return sizes
+    except Exception as error:  # noqa: BLE001 - a vLLM without that field: say so, measure anyway
+        print(f"vLLM's encoder cache size unknown here: {error}", file=sys.stderr)
+        return None
+
+
 def make_side(name: str, model: Path, engine: dict[str, Any]) -> VideoSide:
     if name == "mmgate":
         return MmgateVideoSide(model, engine)
@@ -299,13 +352,29 @@ async def main(args: argparse.Namespace) -> None:
         pin(args.pin)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        model = args.model_path or build_tiny_video(Path(tmp) / "tiny-video")
+        if args.model_path is not None:
+            model = args.model_path
+        elif args.model == "big":
+            # 2.6 GB: built once beside the converted models, not again for every run
+            model = build_qwen2vl_video(default_model_cache() / "qwen2vl-video")
+        else:
+            model = build_tiny_video(Path(tmp) / "tiny-video")
         engine = engine_settings(model)
+        if args.model == "big":
+            engine.update(BIG_ENGINE)
         width, height = CLIP_SIZE
         print(
-            f"model tiny-video ({model}); clips: {CLIP_FRAMES} frames of {width}x{height} at "
+            f"model {args.model} ({model}); clips: {CLIP_FRAMES} frames of {width}x{height} at "
             f"{CLIP_FPS:g} fps, MJPG in AVI, ~{len(clip(0)) // 1024} KiB; {FRAMES} sampled"
         )
+        cache = encoder_cache_tokens(model, engine)
+        if cache is not None:
+            per_clip = cache.pop("clip")
+            print(
+                f"vLLM's encoder cache: {shown({k: float(v) for k, v in cache.items()})} tokens;"
+                f" a clip takes {per_clip}: {min(cache.values()) // per_clip} clips held; "
+                f"working sets {args.working_sets}"
+            )
         cases = [
             Case(layout, w, r)
             for layout in args.layouts
@@ -340,7 +409,8 @@ async def main(args: argparse.Namespace) -> None:
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         about = {
-            "model": "tiny-video",
+            "model": "tiny-video" if args.model == "tiny" else "qwen2vl-video",
+            "encoder_cache_tokens": cache,
             "requests": args.requests,
             "clip": {"frames": CLIP_FRAMES, "size": CLIP_SIZE, "fps": CLIP_FPS, "codec": "MJPG"},
             "frames_sampled": FRAMES,
@@ -356,7 +426,8 @@ async def main(args: argparse.Namespace) -> None:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--model-path", type=Path, default=None, help="a tiny video model built")
+    parser.add_argument("--model", choices=["tiny", "big"], default="tiny")
+    parser.add_argument("--model-path", type=Path, default=None, help="a video model built")
     parser.add_argument("--requests", type=int, default=30)
     parser.add_argument("--repeats", type=float, nargs="+", default=[0.0, 0.5, 0.9])
     parser.add_argument("--working-sets", type=int, nargs="+", default=[4])
@@ -392,7 +463,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="the engine's worker alone on this CPU, the client and the servers on the others",
     )
     parser.add_argument("--json", type=Path, default=None)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.model == "big" and "shared" in args.layouts:
+        parser.error("--model big: the shared layout's system prompt exceeds BIG_ENGINE's context")
+    return args
 
 
 __all__ = ["Clips", "MmgateVideoSide", "VllmVideoSide", "main", "parse_args"]
