@@ -644,6 +644,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         choices=["mmgate", "mmgate-auto", "mmgate-pixels", "vllm-base64", "vllm-uuid"],
         default=["mmgate", "vllm-base64", "vllm-uuid"],
     )
+    add_run_options(parser)
+    return parser.parse_args(argv)
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """How a side-by-side run is made, for this benchmark and the clips' (video_repeats.py)."""
     parser.add_argument("--runs", type=int, default=1, help="whole runs, contenders turned")
     parser.add_argument(
         "--interleave",
@@ -667,7 +673,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="the engine's worker alone on this CPU, the client and the servers on the others",
     )
     parser.add_argument("--json", type=Path, default=None)
-    return parser.parse_args(argv)
 
 
 if __name__ == "__main__":

@@ -95,6 +95,7 @@ from .image_repeats import (
     MmgateSide,
     Pooled,
     VllmSide,
+    add_run_options,
     agreement,
     pin,
     report,
@@ -440,29 +441,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         choices=["mmgate", "mmgate-embeddings", "mmgate-auto", "vllm-base64", "vllm-uuid"],
         default=["mmgate", "vllm-base64", "vllm-uuid"],
     )
-    parser.add_argument("--runs", type=int, default=1, help="whole runs, contenders turned")
-    parser.add_argument(
-        "--interleave",
-        action="store_true",
-        help="every contender's server up at once, their requests interleaved case by case",
-    )
-    parser.add_argument(
-        "--servers",
-        type=int,
-        default=1,
-        help="fresh servers a contender is measured on in each run, its figures pooled",
-    )
-    parser.add_argument(
-        "--block", type=int, default=1, help="with --interleave: requests a side is sent in a row"
-    )
-    parser.add_argument(
-        "--pin",
-        type=int,
-        default=None,
-        metavar="CPU",
-        help="the engine's worker alone on this CPU, the client and the servers on the others",
-    )
-    parser.add_argument("--json", type=Path, default=None)
+    add_run_options(parser)
     args = parser.parse_args(argv)
     if args.model == "big" and "shared" in args.layouts:
         parser.error("--model big: the shared layout's system prompt exceeds BIG_ENGINE's context")
