@@ -70,7 +70,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -489,30 +489,12 @@ async def main(args: argparse.Namespace) -> None:
             for w in args.working_sets
             for r in args.repeats
         ]
-        runs: list[dict[str, dict[str, Any]]] = []
         images: dict[int, bytes] = {}
-        for run in range(args.runs):
-            pooled: Pooled = {}
-            servers: dict[str, list[dict[str, float]]] = {}
-            for k in range(args.servers):
-                # the contenders in a turned order each time: no side always goes first
-                turn = (run * args.servers + k) % len(args.contenders)
-                order = args.contenders[turn:] + args.contenders[:turn]
-                if args.interleave:
-                    await run_sides(order, model, engine, cases, args, images, pooled, servers)
-                else:
-                    for name in order:
-                        await run_sides([name], model, engine, cases, args, images, pooled, servers)
-            results: dict[str, dict[str, Any]] = {"_servers": servers}
-            for label, sides in pooled.items():
-                results[label] = {
-                    name: {"run": figures.summary(), "burst": burst.summary()}
-                    for name, (figures, burst) in sides.items()
-                }
-            runs.append(results)
-            report(results, f"run {run + 1} of {args.runs}")
-        if len(runs) > 1:
-            agreement(runs)
+
+        async def sides(order: list[str], pooled: Pooled, servers: Servers) -> None:
+            await run_sides(order, model, engine, cases, args, images, pooled, servers)
+
+        runs = await measured_runs(args, sides)
     print(f"\nwhole run: {time.perf_counter() - started:.0f} s")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -646,6 +628,40 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     add_run_options(parser)
     return parser.parse_args(argv)
+
+
+Servers = dict[str, list[dict[str, float]]]  # a contender's servers' start figures
+
+
+async def measured_runs(
+    args: argparse.Namespace, sides: Callable[[list[str], Pooled, Servers], Awaitable[None]]
+) -> list[dict[str, dict[str, Any]]]:
+    """``--runs`` whole runs, each of ``--servers`` fresh servers a contender, the contenders
+    in a turned order each time (no side always goes first), all at once (``--interleave``) or
+    one after another; each run's figures reported, and how far the runs agree."""
+    runs: list[dict[str, dict[str, Any]]] = []
+    for run in range(args.runs):
+        pooled: Pooled = {}
+        servers: Servers = {}
+        for k in range(args.servers):
+            turn = (run * args.servers + k) % len(args.contenders)
+            order = args.contenders[turn:] + args.contenders[:turn]
+            if args.interleave:
+                await sides(order, pooled, servers)
+            else:
+                for name in order:
+                    await sides([name], pooled, servers)
+        results: dict[str, dict[str, Any]] = {"_servers": servers}
+        for label, sided in pooled.items():
+            results[label] = {
+                name: {"run": figures.summary(), "burst": burst.summary()}
+                for name, (figures, burst) in sided.items()
+            }
+        runs.append(results)
+        report(results, f"run {run + 1} of {args.runs}")
+    if len(runs) > 1:
+        agreement(runs)
+    return runs
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:

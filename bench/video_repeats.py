@@ -94,11 +94,11 @@ from .image_repeats import (
     Freezer,
     MmgateSide,
     Pooled,
+    Servers,
     VllmSide,
     add_run_options,
-    agreement,
+    measured_runs,
     pin,
-    report,
     run_case,
 )
 from .images import ENV
@@ -382,30 +382,12 @@ async def main(args: argparse.Namespace) -> None:
             for w in args.working_sets
             for r in args.repeats
         ]
-        runs: list[dict[str, dict[str, Any]]] = []
         clips = Clips()
-        for run in range(args.runs):
-            pooled: Pooled = {}
-            servers: dict[str, list[dict[str, float]]] = {}
-            for k in range(args.servers):
-                # the contenders in a turned order each time: no side always goes first
-                turn = (run * args.servers + k) % len(args.contenders)
-                order = args.contenders[turn:] + args.contenders[:turn]
-                if args.interleave:
-                    await run_sides(order, model, engine, cases, args, clips, pooled, servers)
-                else:
-                    for name in order:
-                        await run_sides([name], model, engine, cases, args, clips, pooled, servers)
-            results: dict[str, dict[str, Any]] = {"_servers": servers}
-            for label, sides in pooled.items():
-                results[label] = {
-                    name: {"run": figures.summary(), "burst": burst.summary()}
-                    for name, (figures, burst) in sides.items()
-                }
-            runs.append(results)
-            report(results, f"run {run + 1} of {args.runs}")
-        if len(runs) > 1:
-            agreement(runs)
+
+        async def sides(order: list[str], pooled: Pooled, servers: Servers) -> None:
+            await run_sides(order, model, engine, cases, args, clips, pooled, servers)
+
+        runs = await measured_runs(args, sides)
     print(f"\nwhole run: {time.perf_counter() - started:.0f} s")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

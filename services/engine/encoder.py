@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     import torch
     from PIL import Image
 
-__all__ = ["VisionEncoder"]
+__all__ = ["VisionEncoder", "checkpoint_tensors"]
 
 # Both checkpoint layouts that vLLM's loader accepts: "model.*" (written by late transformers 4
 # releases) and the original LLaVA one (written again by transformers 5).
@@ -265,6 +265,20 @@ def _read_weights(model_dir: Path, tower_layers: int) -> tuple[dict[str, Any], d
                 elif (local := _strip(name, _PROJECTOR_PREFIXES)) is not None:
                     projector[local] = checkpoint.get_tensor(name)
     return tower, projector
+
+
+def checkpoint_tensors(model_dir: Path, prefixes: tuple[str, ...]) -> dict[str, Any]:
+    """The checkpoint's tensors whose names start with one of ``prefixes``, prefix removed,
+    read one by one: no other tensor (the language model's) is loaded."""
+    from safetensors import safe_open
+
+    found: dict[str, Any] = {}
+    for path in _weight_files(model_dir):
+        with safe_open(str(path), framework="pt") as checkpoint:
+            for name in checkpoint.keys():  # noqa: SIM118 (a safe_open handle is no dict)
+                if (local := _strip(name, prefixes)) is not None:
+                    found[local] = checkpoint.get_tensor(name)
+    return found
 
 
 def _strip(name: str, prefixes: tuple[str, ...]) -> str | None:

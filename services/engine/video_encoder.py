@@ -13,9 +13,9 @@ reads, run by mmgate so that its cache keeps them.
 
 vLLM runs the same processor and tower on the frames itself; here the result is kept. Greedy
 answers from either are the same in float32 (tests/services/pipeline/test_video_embeddings.py).
-Only the tower's weights are read from the checkpoint (``visual.*`` or ``model.visual.*``),
-never the language model's. :meth:`ClipEncoder.encode` is synchronous, for a worker thread, and
-holds no mutable state.
+Only the tower's weights are read from the checkpoint (``visual.*`` or ``model.visual.*``, one
+by one), never the language model's. :meth:`ClipEncoder.encode` is synchronous, for a worker
+thread, and holds no mutable state.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, final
 
+from .encoder import checkpoint_tensors
 from .vision_compat import ensure_torchvision_importable
 
 if TYPE_CHECKING:
@@ -84,7 +85,6 @@ class ClipEncoder:
             raise ValueError(f"{model_dir}: mmgate runs the video tower of Qwen2-VL models only")
         ensure_torchvision_importable()
         import torch
-        from safetensors.torch import load_file
         from transformers import AutoConfig, AutoProcessor
         from transformers.models.qwen2_vl.modeling_qwen2_vl import (
             Qwen2VisionTransformerPretrainedModel,
@@ -95,12 +95,7 @@ class ClipEncoder:
         # built where it runs (its rotary tables are buffers the checkpoint does not hold),
         # then every weight replaced by the checkpoint's
         tower = Qwen2VisionTransformerPretrainedModel._from_config(config.vision_config)
-        weights: dict[str, Any] = {}
-        for path in sorted(model_dir.glob("*.safetensors")):
-            for name, tensor in load_file(path).items():
-                for prefix in _PREFIXES:
-                    if name.startswith(prefix):
-                        weights[name.removeprefix(prefix)] = tensor
+        weights = checkpoint_tensors(model_dir, _PREFIXES)
         missing = set(tower.state_dict()) - set(weights)
         if missing:
             raise ValueError(f"{model_dir}: the video tower lacks {len(missing)} weights")
