@@ -449,7 +449,10 @@ def encoder_cache_tokens(model: Path, engine: dict[str, Any], image_tokens: int)
 
 def pin(engine_cpu: int) -> None:
     """vLLM's CPU worker on ``engine_cpu`` alone, everything else on the other CPUs: this
-    process (the client) and the servers' front ends and engine cores, which inherit its CPUs.
+    process (the client) and the servers' front ends and engine cores, which inherit its CPUs;
+    but mmgate's encoders (embeddings mode) run on ``engine_cpu`` too
+    (``MMGATE_THREADS__ENCODE_CPUS``), as vLLM's tower runs in its worker: each side's tower on
+    the same CPU, with the same neighbours (its own engine idle, waiting for the embeddings).
 
     vLLM binds its worker to a CPU of its own choosing and leaves the others' placement to the
     kernel; after each step the worker spins (``sched_yield``) for up to a second waiting for
@@ -460,8 +463,12 @@ def pin(engine_cpu: int) -> None:
         print(f"not pinned: no CPU but {engine_cpu} to leave to the client and the servers")
         return
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(engine_cpu)
+    os.environ["MMGATE_THREADS__ENCODE_CPUS"] = f"[{engine_cpu}]"
     os.sched_setaffinity(0, others)
-    print(f"pinned: the engine's worker on CPU {engine_cpu}, the rest on {sorted(others)}")
+    print(
+        f"pinned: the engine's worker and mmgate's encoders on CPU {engine_cpu},"
+        f" the rest on {sorted(others)}"
+    )
 
 
 async def main(args: argparse.Namespace) -> None:

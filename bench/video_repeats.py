@@ -11,7 +11,7 @@ bench/image_repeats.py with clips for images: its cases, request plan, schedule,
 idle engines, pinning, ratios and run agreement are imported from it, and what is said there of
 them holds here. The model (--model) is the tiny video model (a random Qwen2-VL,
 services/models/tiny_video.py), whose tower costs nothing, or ``big``: the same language model
-behind a tower of Qwen2-VL-2B's shape (``build_qwen2vl_video``: 36 positions a clip, ~1.7 s of
+behind a tower of Qwen2-VL-2B's shape (``build_qwen2vl_video``: 24 positions a clip, ~1.1 s of
 tower a clip on one CPU). Each contender runs on a fresh engine with the same engine arguments
 (``engine_settings(model)``: float32, the model's context) and the same limits (one image and
 one clip a request), and samples the same frames of a clip (``FRAMES``, spread evenly):

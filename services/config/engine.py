@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -184,6 +184,10 @@ class ThreadSettings(BaseModel):
     """Decoding images."""
     encode: int = Field(1, gt=0)
     """Running the vision encoder (embeddings mode; torch uses several cores for each)."""
+    encode_cpus: frozenset[Annotated[int, Field(ge=0)]] = frozenset()
+    """The CPUs the encoders run on, as a JSON list (Linux; the torch threads an encode starts
+    follow it), e.g. to keep a CPU host's towers off the event loop's core; empty: wherever the
+    server runs."""
     render: int = Field(2, gt=0)
     """Rendering chat templates and tokenizing prompts."""
 

@@ -13,6 +13,7 @@ reads, run by mmgate so that its cache keeps them.
 
 vLLM runs the same processor and tower on the frames itself; here the result is kept. Greedy
 answers from either are the same in float32 (tests/services/pipeline/test_video_embeddings.py).
+On a CPU the tower's linear layers run vLLM's own kernel, as in its engine (cpu_gemm.py).
 Only the tower's weights are read from the checkpoint (``visual.*`` or ``model.visual.*``, one
 by one), never the language model's. :meth:`ClipEncoder.encode` is synchronous, for a worker
 thread, and holds no mutable state.
@@ -90,6 +91,8 @@ class ClipEncoder:
             Qwen2VisionTransformerPretrainedModel,
         )
 
+        from .cpu_gemm import pack_linears
+
         config = AutoConfig.from_pretrained(model_dir)
         torch_dtype = getattr(torch, dtype) if dtype not in ("auto", "") else torch.float32
         # built where it runs (its rotary tables are buffers the checkpoint does not hold),
@@ -101,6 +104,7 @@ class ClipEncoder:
             raise ValueError(f"{model_dir}: the video tower lacks {len(missing)} weights")
         tower.load_state_dict(weights, strict=False)
         tower = tower.to(device=device, dtype=torch_dtype).eval()
+        pack_linears(tower)  # on a CPU, as vLLM runs its own tower's layers
         processor = AutoProcessor.from_pretrained(model_dir).video_processor
         encoder = cls(processor, tower, device)
         encoder.encode(encoder.blank_frames(2))  # warm: the first run pays for allocations

@@ -5,6 +5,9 @@
     encode ┤ (vision encoder)        a cache flight whose waiters all leave is cancelled before
     render ┘ (chat template)         it starts) ─▶ anyio.to_thread.run_sync ─▶ the thread pool
 
+Encodes may be held to chosen CPUs (``encode_cpus``): the thread running one is pinned for it
+and set back after, and the torch threads it starts inherit its CPUs.
+
 With one shared executor (``asyncio.to_thread``) a burst of huge images queued every request's
 prompt rendering behind it; here a kind of work can fill only its own pool. A computation that has
 started runs to its end (DESIGN: the flight does not belong to the caller who left), but for a
@@ -14,6 +17,8 @@ clip's decode, which takes seconds and stops between frames once nobody waits (r
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Literal, TypeVar, final, get_args
@@ -42,11 +47,15 @@ class ThreadPools:
         self._threads = CapacityLimiter(
             sum(int(lim.total_tokens) for lim in self.limiters.values())
         )
+        self._cpus: dict[Pool, frozenset[int]] = {}
+        if settings.encode_cpus:
+            _check_cpus(settings.encode_cpus)
+            self._cpus["encode"] = settings.encode_cpus
 
     async def run(self, pool: Pool, work: Callable[..., T], *args: object) -> T:
         """``work(*args)`` in a thread once ``pool`` has capacity for it."""
         async with self.capacity(pool):
-            return await self.in_thread(work, *args)
+            return await self.in_thread(pool, work, *args)
 
     @contextlib.asynccontextmanager
     async def capacity(self, pool: Pool) -> AsyncIterator[None]:
@@ -76,8 +85,11 @@ class ThreadPools:
                 stop.set()
                 raise
 
-    async def in_thread(self, work: Callable[..., T], *args: object) -> T:
-        """``work(*args)`` in a thread, under a pool's :meth:`capacity` held by the caller."""
+    async def in_thread(self, pool: Pool, work: Callable[..., T], *args: object) -> T:
+        """``work(*args)`` in a thread, under ``pool``'s :meth:`capacity` held by the caller."""
+        cpus = self._cpus.get(pool)
+        if cpus is not None:
+            work = functools.partial(_on_cpus, cpus, work)
         return await anyio.to_thread.run_sync(work, *args, limiter=self._threads)
 
     def stats(self) -> tuple[ThreadPoolStats, ...]:
@@ -99,3 +111,28 @@ class ThreadPools:
 
 
 __all__ = ["Pool", "ThreadPools"]
+
+
+def _check_cpus(cpus: frozenset[int]) -> None:
+    """Raises ValueError where this thread cannot be held to ``cpus`` (no such CPU, or none this
+    process may use, or no CPU affinity on this system)."""
+    if not hasattr(os, "sched_setaffinity"):
+        raise ValueError("threads.encode_cpus needs a system with CPU affinity (Linux)")
+    try:
+        if max(cpus) >= (os.cpu_count() or 0):
+            raise OSError
+        _on_cpus(cpus, lambda: None)
+    except OSError:
+        raise ValueError(
+            f"threads.encode_cpus: CPUs {sorted(cpus)} are not available to this process"
+        ) from None
+
+
+def _on_cpus(cpus: frozenset[int], work: Callable[..., T], *args: object) -> T:
+    """``work(*args)`` with the calling thread held to ``cpus``, then set back."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        return work(*args)
+    finally:
+        os.sched_setaffinity(0, before)

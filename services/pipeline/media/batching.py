@@ -121,7 +121,7 @@ class EncodeBatcher:
     async def _run(self, batch: list[_Entry]) -> None:
         self.stats.encode_batches += 1
         try:
-            rows = await self._threads.in_thread(self._encode, [e.image for e in batch])
+            rows = await self._threads.in_thread("encode", self._encode, [e.image for e in batch])
         except Exception as exc:  # noqa: BLE001 - handed to each image's flight
             if len(batch) == 1:
                 _settle(batch[0], error=exc)
@@ -130,7 +130,7 @@ class EncodeBatcher:
             for entry in batch:
                 self.stats.encode_batches += 1
                 try:
-                    (row,) = await self._threads.in_thread(self._encode, [entry.image])
+                    (row,) = await self._threads.in_thread("encode", self._encode, [entry.image])
                 except Exception as single:  # noqa: BLE001 - handed to its flight
                     _settle(entry, error=single)
                 else:
