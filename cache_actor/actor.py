@@ -212,6 +212,7 @@ class CacheActor:
             entries=len(core.store),
             bytes=core.store.bytes,
             bytes_by_tenant=core.store.bytes_by_tenant(),
+            by_stage=core.store.by_stage(),
             flights=len(core.flights),
             waiters=sum(len(f.waiters) for f in core.flights.values()),
             mailbox_depth=len(self._mailbox),

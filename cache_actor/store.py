@@ -60,6 +60,8 @@ class Store:
         )
         self._tenant_bytes: dict[str, int] = {}
         self._tenant_entries: dict[str, int] = {}
+        # (entries, bytes) by the stage their lookups named
+        self._by_stage: dict[Stage, tuple[int, int]] = {}
         # Admission order is expiry order (one TTL for all, values never refreshed); entries that
         # left earlier are skipped by the identity check in ``expire``.
         self._expiry: deque[tuple[float, FullKey, Entry]] = deque()
@@ -70,6 +72,10 @@ class Store:
 
     def bytes_by_tenant(self) -> tuple[tuple[str, int], ...]:
         return tuple(sorted(self._tenant_bytes.items()))
+
+    def by_stage(self) -> tuple[tuple[str, int, int], ...]:
+        """(stage, entries, bytes) of each stage with entries held, by stage name."""
+        return tuple(sorted((str(s), n, b) for s, (n, b) in self._by_stage.items()))
 
     def held_by(self, tenant: str) -> tuple[int, int]:
         """(entries, bytes) the tenant holds."""
@@ -130,6 +136,8 @@ class Store:
             self._tenant_lru.setdefault(tenant, OrderedDict())[full_key] = None
         self._tenant_bytes[tenant] = self._tenant_bytes.get(tenant, 0) + nbytes
         self._tenant_entries[tenant] = self._tenant_entries.get(tenant, 0) + 1
+        entries, held = self._by_stage.get(stage, (0, 0))
+        self._by_stage[stage] = (entries + 1, held + nbytes)
         self.bytes += nbytes
         if expires_at is not None:
             self._expiry.append((expires_at, full_key, entry))
@@ -184,4 +192,9 @@ class Store:
             self._tenant_entries[tenant] = entries
         else:
             del self._tenant_entries[tenant]
+        entries, held = self._by_stage[entry.stage]
+        if entries > 1:
+            self._by_stage[entry.stage] = (entries - 1, held - entry.nbytes)
+        else:
+            del self._by_stage[entry.stage]
         self.bytes -= entry.nbytes

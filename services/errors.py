@@ -190,6 +190,21 @@ class EntryNotFound(MmgateError, LookupError):
     that tenant holds it or not, so the answer leaks nothing."""
 
 
+class RequestNotFound(MmgateError, LookupError):
+    """Abort named no request of the caller's being answered: the same answer whether another
+    tenant has one of those ids running or not."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(f"none of the {count} request ids names a request of yours being answered")
+
+
+class RequestAborted(MmgateError):
+    """A request ended by its caller's Inference.Abort."""
+
+    def __init__(self) -> None:
+        super().__init__("the request was aborted (Inference.Abort)")
+
+
 class Draining(MmgateError):
     """The server is shutting down: calls in progress finish, no new one starts."""
 
@@ -231,6 +246,8 @@ __all__ = [
     "ModelTakesNoImages",
     "ModelTakesNoVideo",
     "NotPermitted",
+    "RequestAborted",
+    "RequestNotFound",
     "ServerOverloaded",
     "TenantOverloaded",
     "Unauthenticated",

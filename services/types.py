@@ -393,6 +393,8 @@ class AdapterStats:
     generated_tokens: Mapping[str, int] = field(default_factory=dict)
     served: int = 0  # adapters a request may name now
     loads: Mapping[str, int] = field(default_factory=dict)  # run-time loads by outcome
+    running: tuple[str, ...] = ()  # adapters with runs in the engine now, by name
+    max_loras: int = 0  # adapters in one engine step at most (0: no adapters)
 
 
 @final

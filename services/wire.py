@@ -38,6 +38,8 @@ ANSWER_TOO_LARGE: Final = "ANSWER_TOO_LARGE"  # more than the server sends in on
 INJECTED_FAULT: Final = "INJECTED_FAULT"  # a chaos run's fault (never with chaos off)
 ADAPTER_NOT_FOUND: Final = "ADAPTER_NOT_FOUND"  # not served, or not this caller's to use
 ADAPTER_REFUSED: Final = "ADAPTER_REFUSED"  # a LoadAdapter refused: nothing changed
+REQUEST_ABORTED: Final = "REQUEST_ABORTED"  # ended by its caller's Inference.Abort
+REQUEST_NOT_FOUND: Final = "REQUEST_NOT_FOUND"  # Abort: no such request of the caller's running
 # authentication and tenants (docs/security.md)
 CREDENTIALS_MISSING: Final = "CREDENTIALS_MISSING"
 CREDENTIALS_INVALID: Final = "CREDENTIALS_INVALID"
@@ -96,6 +98,8 @@ __all__ = [
     "MODEL_TAKES_NO_IMAGES",
     "MODEL_TAKES_NO_VIDEO",
     "OVERLOADED",
+    "REQUEST_ABORTED",
+    "REQUEST_NOT_FOUND",
     "TENANT_HEADER",
     "TENANT_MISMATCH",
     "TENANT_OVERLOADED",

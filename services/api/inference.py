@@ -17,16 +17,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import final
 
 import grpc
-from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from google.protobuf.message import Message
 
 from ..config import Settings
 from ..engine.protocol import ServedEngine
-from ..media_types import VideoReport
+from ..errors import InvalidRequest, Violation
 from ..pipeline.generation import Pipeline, PipelineRef
 from ..pipeline.prompts import ToolTemplate
 from ..pipeline.request import Request, loop_deadline
@@ -35,13 +34,8 @@ from ..proto.mmgate.v1 import inference_pb2_grpc
 from ..types import (
     EngineDelta,
     Finished,
-    ImageReport,
-    Logprob,
-    LookupReport,
-    SampleEnd,
-    TokenLogprobs,
-    ToolCall,
 )
+from .aborts import AnsweredCalls
 from .adapters import (
     adapter_for,
     adapter_message,
@@ -50,20 +44,16 @@ from .adapters import (
 )
 from .admission import Admission
 from .auth import Caller, current_caller
+from .load import LoadReport
 from .metadata import call_deadline, trace_headers
 from .priorities import priority_of, scheduling_message
+from .replies import delta_message, extend_logprobs, fill_final, final_message, sample_end
 from .status import abort, answer_too_large, answering
+from .token_inputs import checked_token_ids, tokenize_request
 from .validation import MAX_LOGPROBS, validate
 
-# log-probability positions converted into an answer between two turns of the event loop (at
-# 20 alternatives each, a few milliseconds of work)
-LOGPROB_POSITIONS_A_TURN = 64
-_FINISH = {
-    "stop": pb.FINISH_REASON_STOP,
-    "length": pb.FINISH_REASON_LENGTH,
-    "abort": pb.FINISH_REASON_ABORT,
-    "tool_calls": pb.FINISH_REASON_TOOL_CALLS,
-}
+# request ids one Abort may name
+MAX_ABORT_IDS = 1024
 
 
 @final
@@ -74,11 +64,14 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         pipeline: PipelineRef,
         admission: Admission,
         engine: ServedEngine,
+        load: LoadReport,
     ) -> None:
         self.settings = settings
         self.pipeline = pipeline
         self.admission = admission
         self.engine = engine
+        self.load = load
+        self.calls = AnsweredCalls()  # what Abort reaches
 
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
@@ -86,15 +79,19 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         # Written with context.write() and aclosing() rather than by yielding: when the client
         # leaves, the cancellation then closes every generator down to vLLM's at once (its close
         # aborts the engine request), instead of whenever garbage collection finalizes them.
-        async with contextlib.aclosing(self._serve(request, context)) as events:
+        async with (
+            answering(context),
+            self.calls.answering(current_caller().tenant, request.request_id),
+            contextlib.aclosing(self._serve(request, context)) as events,
+        ):
             async for event in events:
                 if isinstance(event, Finished):
-                    message = await _final_message(event)
+                    message = await final_message(event)
                     await self._check_size(message, context)
                 else:
-                    message = _delta_message(event)
+                    message = delta_message(event)
                     if event.logprobs:
-                        await _extend_logprobs(message.delta.logprobs, event.logprobs)
+                        await extend_logprobs(message.delta.logprobs, event.logprobs)
                 await context.write(message)
 
     async def Complete(
@@ -110,7 +107,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 choices[index] = response.choices.add(index=index)
             return choices[index]
 
-        async with contextlib.aclosing(self._serve(request, context, whole=True)) as events:
+        async with (
+            answering(context),
+            self.calls.answering(current_caller().tenant, request.request_id),
+            contextlib.aclosing(self._serve(request, context, whole=True)) as events,
+        ):
             async for event in events:
                 if isinstance(event, EngineDelta):
                     choice = choice_for(event.index)
@@ -118,9 +119,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     if event.reasoning:
                         reasonings[event.index].append(event.reasoning)
                     choice.token_ids.extend(event.token_ids)
-                    await _extend_logprobs(choice.logprobs, event.logprobs)
+                    await extend_logprobs(choice.logprobs, event.logprobs)
                 else:
-                    await _fill_final(response.final, event)
+                    await fill_final(response.final, event)
                     for end in event.samples:
                         choice = choice_for(end.index)
                         text = "".join(texts[end.index])
@@ -128,7 +129,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                         # with calls: the text outside them (the parser's content)
                         choice.text = (end.content or "") if end.tool_calls else text
                         choice.reasoning = "".join(reasonings[end.index])
-                        choice.end.CopyFrom(_sample_end(end))
+                        choice.end.CopyFrom(sample_end(end))
         response.choices.sort(key=lambda choice: choice.index)
         if response.choices:
             # the fields of one sample's answer, as before there were several
@@ -136,6 +137,74 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             response.token_ids.extend(response.choices[0].token_ids)
         await self._check_size(response, context)
         return response
+
+    async def Abort(
+        self, request: pb.AbortRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AbortResponse:
+        async with answering(context):
+            if len(request.request_ids) > MAX_ABORT_IDS:
+                count = len(request.request_ids)
+                raise InvalidRequest(
+                    [Violation("request_ids", f"{count} ids; the limit is {MAX_ABORT_IDS}")]
+                )
+            aborted = self.calls.abort(current_caller().tenant, request.request_ids)
+        return pb.AbortResponse(aborted=aborted)
+
+    async def Tokenize(
+        self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TokenizeResponse:
+        async with self._admitted(context) as pipeline:
+            checked = tokenize_request(request, self.settings, pipeline.engine)
+            token_ids = await pipeline.tokenize(checked)
+        return pb.TokenizeResponse(token_ids=token_ids, max_model_len=pipeline.engine.max_model_len)
+
+    async def Detokenize(
+        self, request: pb.DetokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DetokenizeResponse:
+        async with self._admitted(context) as pipeline:
+            engine = pipeline.engine
+            token_ids = checked_token_ids(
+                request.token_ids,
+                "token_ids",
+                max_model_len=engine.max_model_len,
+                vocab_size=engine.vocab_size,
+            )
+            text = await pipeline.detokenize(token_ids)
+        return pb.DetokenizeResponse(text=text)
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, context: grpc.aio.ServicerContext) -> AsyncIterator[Pipeline]:
+        """A unary call's work on the pipeline: admitted as a request, under its deadline, its
+        failures its status."""
+        caller = current_caller()
+        async with answering(context):
+            with self.admission.enter(caller.tenant, admin=caller.admin):
+                deadline = call_deadline(context, self.settings.default_deadline_seconds)
+                pipeline = self.pipeline.get()
+                pipeline.check_ready(with_images=False)
+                async with asyncio.timeout_at(loop_deadline(deadline)):
+                    yield pipeline
+
+    async def GetServerInfo(
+        self, request: pb.GetServerInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerInfo:
+        return self.load.server_info()
+
+    async def GetLoad(
+        self, request: pb.GetLoadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Load:
+        return self.load.message(current_caller())
+
+    async def WatchLoad(
+        self, request: pb.WatchLoadRequest, context: grpc.aio.ServicerContext
+    ) -> None:
+        loads = self.load.watch(current_caller(), request.interval_ms)
+        async with contextlib.aclosing(loads):
+            async with answering(context):
+                first = await anext(loads)  # the checks: before anything is sent
+            await context.write(first)
+            async for message in loads:
+                await context.write(message)
 
     async def _check_size(self, message: Message, context: grpc.aio.ServicerContext) -> None:
         """An answer larger than the server sends is refused in mmgate's words, not gRPC's."""
@@ -261,124 +330,6 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         return pipeline.request(
             checked, caller.tenant, deadline, trace_headers(context), adapter, priority
         )
-
-
-def _delta_message(event: EngineDelta) -> pb.GenerateResponse:
-    """A delta's message, its log-probabilities left to add (a message a token: no coroutine)."""
-    message = pb.GenerateResponse()
-    delta = message.delta
-    delta.text = event.text
-    delta.token_ids.extend(event.token_ids)
-    delta.index = event.index
-    if event.reasoning:
-        delta.reasoning = event.reasoning
-    if event.tool_calls:
-        delta.tool_calls.extend(_call(call) for call in event.tool_calls)
-    return message
-
-
-async def _final_message(event: Finished) -> pb.GenerateResponse:
-    message = pb.GenerateResponse()
-    await _fill_final(message.final, event)
-    return message
-
-
-async def _extend_logprobs(
-    field: RepeatedCompositeFieldContainer[pb.TokenLogprobs], positions: Sequence[TokenLogprobs]
-) -> None:
-    """``positions`` converted into ``field`` a few at a time, the loop free between them: the
-    output vLLM merged while the caller was busy (8 samples of 480 positions with 21
-    alternatives each) held the loop for seconds when converted at once."""
-    for start in range(0, len(positions), LOGPROB_POSITIONS_A_TURN):
-        if start:
-            await asyncio.sleep(0)
-        field.extend(map(_logprobs, positions[start : start + LOGPROB_POSITIONS_A_TURN]))
-
-
-def _finish(reason: str | None) -> pb.FinishReason:
-    return _FINISH.get(reason or "", pb.FINISH_REASON_UNSPECIFIED)
-
-
-def _logprob(logprob: Logprob) -> pb.Logprob:
-    return pb.Logprob(token_id=logprob.token_id, logprob=logprob.logprob, text=logprob.text)
-
-
-def _logprobs(position: TokenLogprobs) -> pb.TokenLogprobs:
-    return pb.TokenLogprobs(token=_logprob(position.token), top=map(_logprob, position.top))
-
-
-def _sample_end(end: SampleEnd) -> pb.SampleEnd:
-    sample = pb.SampleEnd(
-        index=end.index,
-        finish_reason=_finish(end.finish_reason),
-        completion_tokens=end.completion_tokens,
-        tool_calls=[_call(call) for call in end.tool_calls],
-        tool_parse_error=end.tool_parse_error,
-    )
-    if isinstance(end.stop_reason, str):
-        sample.stop_string = end.stop_reason
-    elif isinstance(end.stop_reason, int):
-        sample.stop_token_id = end.stop_reason
-    return sample
-
-
-async def _fill_final(final: pb.GenerateFinal, event: Finished) -> None:
-    """``final`` made the call's last word, in place: its prompt log-probabilities (as many as
-    the context holds) are built once, where the answer keeps them, never copied."""
-    head = pb.GenerateFinal(
-        finish_reason=_finish(event.finish_reason),
-        usage=pb.Usage(
-            prompt_tokens=event.prompt_tokens,
-            completion_tokens=event.completion_tokens,
-            cached_prompt_tokens=event.cached_prompt_tokens,
-        ),
-        cache=pb.CacheReport(
-            lookups=[_lookup(report) for report in event.lookups],
-            cached_prompt_tokens=event.cached_prompt_tokens,
-            response_from_cache=event.response_from_cache,
-            images=[_image_report(report) for report in event.images],
-            videos=[_video_report(report) for report in event.videos],
-        ),
-        request_id=event.request_id,
-        model=event.model,
-        samples=[_sample_end(end) for end in event.samples],
-        adapter=adapter_message(event.adapter) if event.adapter is not None else None,
-        queue_ms=event.queue_ms,
-        priority=event.priority,
-    )
-    final.CopyFrom(head)
-    await _extend_logprobs(final.prompt_logprobs, event.prompt_logprobs)
-
-
-def _call(call: ToolCall) -> pb.ToolCall:
-    return pb.ToolCall(id=call.id, name=call.name, arguments=call.arguments)
-
-
-def _lookup(report: LookupReport) -> pb.CacheLookup:
-    return pb.CacheLookup(
-        stage=report.stage,
-        key=report.key,
-        outcome=report.outcome,
-        tier=report.tier,
-        wait_ms=report.wait_ms,
-        reason=report.reason,
-    )
-
-
-def _video_report(report: VideoReport) -> pb.VideoReport:
-    return pb.VideoReport(
-        digest=report.digest,
-        outcome=report.outcome,
-        tier=report.tier,
-        form=report.form,
-        frames=report.frames,
-    )
-
-
-def _image_report(report: ImageReport) -> pb.ImageReport:
-    return pb.ImageReport(
-        digest=report.digest, outcome=report.outcome, tier=report.tier, form=report.form
-    )
 
 
 __all__ = ["InferenceServicer"]

@@ -48,6 +48,7 @@ from .inference import InferenceServicer
 from .interceptors.metrics import metrics_interceptors
 from .interceptors.parsing import ParsingInterceptor
 from .interceptors.tracing import tracing_interceptors
+from .load import LoadReport
 from .quotas import TenantQuotas
 from .relay import Edges, RelayServicer, relay_server, relayed_handlers
 
@@ -110,7 +111,13 @@ class MmgateServer:
             settings.max_concurrent_requests, self.quotas, settings.admin_reserve
         )
         self.metrics.add(self.admission)
-        self.inference = InferenceServicer(settings, self.pipelines, self.admission, self.engine)
+        self.load = LoadReport(
+            settings, self.admission, self.engine, self.pipelines, self.threads, self.cache
+        )
+        self.metrics.add(self.load)
+        self.inference = InferenceServicer(
+            settings, self.pipelines, self.admission, self.engine, self.load
+        )
         self.cache_service = CacheServicer(
             settings, self.cache, self.pipelines, self.isolation, self.admission, self.monitor
         )

@@ -41,6 +41,8 @@ from ..errors import (
     ModelTakesNoImages,
     ModelTakesNoVideo,
     NotPermitted,
+    RequestAborted,
+    RequestNotFound,
     ServerOverloaded,
     TenantOverloaded,
     Unauthenticated,
@@ -63,6 +65,8 @@ from ..wire import (
     MODEL_TAKES_NO_IMAGES,
     MODEL_TAKES_NO_VIDEO,
     OVERLOADED,
+    REQUEST_ABORTED,
+    REQUEST_NOT_FOUND,
     TENANT_OVERLOADED,
     URL_NOT_ALLOWED,
     VIDEO_NOT_FOUND,
@@ -226,6 +230,9 @@ STATUSES: Final[Mapping[type[BaseException] | str, ToStatus]] = {
     # not there, or not there for this caller: one answer either way, so nothing leaks
     EntryNotFound: _said(Code.NOT_FOUND, ENTRY_NOT_FOUND),
     AdapterNotFound: _said(Code.NOT_FOUND, ADAPTER_NOT_FOUND),
+    RequestNotFound: _said(Code.NOT_FOUND, REQUEST_NOT_FOUND),
+    # ended by its own caller's Abort
+    RequestAborted: _said(Code.CANCELLED, REQUEST_ABORTED),
     # + the digest and its index: resend the bytes (a clip's: VIDEO_NOT_FOUND)
     ImageNotHeld: _image_not_held,
     # image URLs: the rule, or the upstream's status, never an internal host or a body

@@ -218,20 +218,32 @@ def _token_ids(
     """A tokenized prompt: not empty, within the context, every id in the vocabulary."""
     if _has_unknown_fields(message):
         bad("token_ids", "carries fields this server does not know")
-    count = len(message.ids)
+    return checked_ids(message.ids, "token_ids.ids", max_model_len, vocab_size, bad)
+
+
+def checked_ids(
+    given: Sequence[int],
+    field: str,
+    max_model_len: int,
+    vocab_size: int | None,
+    bad: Callable[[str, str], None],
+) -> tuple[int, ...]:
+    """Token ids sent under ``field``: not empty, within the context, each in the vocabulary
+    (``vocab_size`` None: any); each problem told to ``bad``."""
+    count = len(given)
     if count >= max_model_len:
         # counted, never copied: a message of millions of ids is refused as it came
-        bad("token_ids.ids", f"{count} tokens; the model takes at most {max_model_len - 1}")
+        bad(field, f"{count} tokens; the model takes at most {max_model_len - 1}")
         return ()
-    ids = tuple(message.ids)
+    ids = tuple(given)
     if not ids:
-        bad("token_ids.ids", "must hold at least one token id")
+        bad(field, "must hold at least one token id")
     elif vocab_size is not None:
         outside = [i for i, token in enumerate(ids) if token >= vocab_size]
         for i in outside[:_NAMED_IDS]:
-            bad(f"token_ids.ids[{i}]", f"{ids[i]} is not below the vocabulary's {vocab_size}")
+            bad(f"{field}[{i}]", f"{ids[i]} is not below the vocabulary's {vocab_size}")
         if len(outside) > _NAMED_IDS:
-            bad("token_ids.ids", f"{len(outside)} ids in all are not below {vocab_size}")
+            bad(field, f"{len(outside)} ids in all are not below {vocab_size}")
     return ids
 
 

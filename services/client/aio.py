@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -119,6 +119,53 @@ class MmgateClient:
             inference_pb2.GetModelInfoRequest(), timeout=self.timeout, metadata=self.metadata
         )
         return response
+
+    async def server_info(self) -> inference_pb2.ServerInfo:
+        """Which replica answered, its version, model, modes and limits."""
+        response: inference_pb2.ServerInfo = await self.inference.GetServerInfo(
+            inference_pb2.GetServerInfoRequest(), timeout=self.timeout, metadata=self.metadata
+        )
+        return response
+
+    async def load(self) -> inference_pb2.Load:
+        """The replica's load now: what it runs and queues, its KV cache, its caches."""
+        response: inference_pb2.Load = await self.inference.GetLoad(
+            inference_pb2.GetLoadRequest(), timeout=self.timeout, metadata=self.metadata
+        )
+        return response
+
+    async def abort(self, *request_ids: str) -> list[str]:
+        """End this caller's requests being answered with these ``request_id``s: those ended
+        (none: NOT_FOUND)."""
+        response: inference_pb2.AbortResponse = await self.inference.Abort(
+            inference_pb2.AbortRequest(request_ids=request_ids),
+            timeout=self.timeout,
+            metadata=self.metadata,
+        )
+        return list(response.aborted)
+
+    async def tokenize(self, prompt: str | None = None, **input: Any) -> list[int]:
+        """The token ids Generate would give the engine for this input: ``prompt`` or
+        ``messages`` (and ``tools``), ``raw``, as :func:`build_request` takes them."""
+        built = build_request(prompt, **input)
+        request = inference_pb2.TokenizeRequest()
+        if built.HasField("chat"):
+            request.chat.CopyFrom(built.chat)
+        else:
+            request.prompt = built.prompt
+        response: inference_pb2.TokenizeResponse = await self.inference.Tokenize(
+            request, timeout=self.timeout, metadata=self.metadata
+        )
+        return list(response.token_ids)
+
+    async def detokenize(self, token_ids: Sequence[int]) -> str:
+        """The text of ``token_ids``, special tokens included."""
+        response: inference_pb2.DetokenizeResponse = await self.inference.Detokenize(
+            inference_pb2.DetokenizeRequest(token_ids=token_ids),
+            timeout=self.timeout,
+            metadata=self.metadata,
+        )
+        return response.text
 
     async def load_adapter(self, name: str, path: str) -> inference_pb2.LoadAdapterResponse:
         """An admin's: serve the LoRA adapter in ``path`` (under the server's adapter root) as

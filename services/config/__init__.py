@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     """Address to listen on."""
     port: int = Field(50051, ge=0, le=65535)
     """Port to listen on (0: any free port)."""
+    replica: str = Field("", max_length=253)
+    """This replica's name in Inference.GetServerInfo (empty: the host name, a pod's name on
+    Kubernetes)."""
     # MMGATE_MODEL_CACHE reaches this field as any variable does, and nothing else reads it: the
     # default is the code's alone, the same on every machine (the docs print it)
     model_cache: Path = Field(default_factory=home_model_cache)

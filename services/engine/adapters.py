@@ -349,6 +349,8 @@ class AdapterSet:
             generated_tokens=dict(self.generated_tokens),
             served=len(self.served),
             loads=dict(self.loads),
+            running=tuple(sorted(name for name, s in self.served.items() if s.running)),
+            max_loras=planned_slots(self.settings),
         )
 
 

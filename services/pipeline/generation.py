@@ -144,6 +144,13 @@ class Pipeline:
             priority=priority,
         )
 
+    async def tokenize(self, checked: GenerationRequest) -> tuple[int, ...]:
+        """The token ids :meth:`generate` would give the engine for ``checked``'s prompt."""
+        return await self.prompts.tokenize(checked)
+
+    async def detokenize(self, token_ids: tuple[int, ...]) -> str:
+        return await self.prompts.detokenize(token_ids)
+
     def check_ready(self, *, with_images: bool, with_videos: bool = False) -> None:
         """Refuse at once what cannot be served now, before any validation or cache work."""
         if not self.engine.ready:

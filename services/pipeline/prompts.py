@@ -120,6 +120,12 @@ def _render(
         return _render_with(tokenizer, request, tool_template)
 
 
+def _decode(tokenizers: RenderTokenizers, token_ids: tuple[int, ...]) -> str:
+    with tokenizers.borrowed() as tokenizer:
+        text: str = tokenizer.decode(list(token_ids), skip_special_tokens=False)
+        return text
+
+
 def _message(turn: ChatTurn, parts: bool, videos: bool) -> dict[str, Any]:
     message: dict[str, Any] = {
         "role": turn.role,
@@ -267,6 +273,16 @@ class PromptStage:
         )
         request.report(Stage.PROMPT, key, lookup, started)
         return lookup.value
+
+    async def tokenize(self, checked: GenerationRequest) -> tuple[int, ...]:
+        """The token ids :meth:`prompt` gives the engine for ``checked``, rendered the same way
+        (Inference.Tokenize; not looked up or kept: a count asked for is seldom sent as it is)."""
+        rendered = await render(self.tokenizers, checked, self.threads, self.tool_template)
+        return rendered.token_ids
+
+    async def detokenize(self, token_ids: tuple[int, ...]) -> str:
+        """The ids' text, special tokens included, decoded in the render pool."""
+        return await self.threads.run("render", _decode, self.tokenizers, token_ids)
 
 
 __all__ = [

@@ -67,6 +67,7 @@ class Slot:
     started: float  # the queue's clock at the grant
     charged: float  # the estimate charged at the grant, slot-seconds
     waited: float  # seconds in the queue
+    priority: int = 0
 
 
 @final
@@ -137,6 +138,7 @@ class EngineQueue:
         self._estimate = FIRST_ESTIMATE_SECONDS
         self._order = itertools.count()
         self._stats: dict[str, TenantQueueStats] = {}
+        self._slots_by_priority: dict[int, int] = {}  # slots held, by the runs' priority
 
     # ── a run ────────────────────────────────────────────────────────────────────────────────
 
@@ -178,6 +180,11 @@ class EngineQueue:
         state = self._tenants[slot.tenant]
         held = self.clock() - slot.started
         self.in_use -= slot.cost
+        remaining = self._slots_by_priority[slot.priority] - slot.cost
+        if remaining:
+            self._slots_by_priority[slot.priority] = remaining
+        else:
+            del self._slots_by_priority[slot.priority]
         self.alternatives_in_use -= slot.alternatives
         state.slots -= slot.cost
         self._figures(slot.tenant).slots -= slot.cost
@@ -250,7 +257,7 @@ class EngineQueue:
             if picked is None:
                 return
             state, waiter = picked
-            heapq.heappop(state.waiting)
+            priority = heapq.heappop(state.waiting)[0]
             state.depth -= 1
             now = self.clock()
             charged = self._estimate * waiter.cost
@@ -267,7 +274,11 @@ class EngineQueue:
             figures.wait_counts[bisect.bisect_left(QUEUE_WAIT_BUCKETS, waited)] += 1
             figures.wait_seconds += waited
             self._now()
-            slot = Slot(waiter.tenant, waiter.cost, waiter.alternatives, now, charged, waited)
+            by_priority = self._slots_by_priority
+            by_priority[priority] = by_priority.get(priority, 0) + waiter.cost
+            slot = Slot(
+                waiter.tenant, waiter.cost, waiter.alternatives, now, charged, waited, priority
+            )
             waiter.granted.set_result(slot)
 
     def _left(self, waiter: _Waiter, state: _Tenant) -> None:
@@ -293,6 +304,19 @@ class EngineQueue:
             label = tenant if len(self._stats) < self.tenants.max_labels else OTHER_TENANTS
             figures = self._stats.setdefault(label, TenantQueueStats())
         return figures
+
+    def by_priority(self) -> tuple[tuple[int, int, int], ...]:
+        """(priority, slots held, runs waiting) for each priority with either, most urgent
+        first: the load report's (GetLoad). Walks the waiting runs: as many as are admitted."""
+        waiting: dict[int, int] = {}
+        for state in self._tenants.values():
+            for priority, _, waiter in state.waiting:
+                if not waiter.granted.done():
+                    waiting[priority] = waiting.get(priority, 0) + 1
+        held = self._slots_by_priority
+        return tuple(
+            (p, held.get(p, 0), waiting.get(p, 0)) for p in sorted(held.keys() | waiting.keys())
+        )
 
     def stats(self) -> QueueStats:
         """A copy of the figures (the scrape reads it on the event loop)."""

@@ -81,3 +81,21 @@ def test_oversized_value_is_refused() -> None:
     assert not admit(store, ("t", "big"), 11)
     assert counters.oversize_rejections == 1
     assert len(store) == 0
+
+
+def test_holdings_by_stage_follow_admission_replacement_eviction_and_removal() -> None:
+    from cache_actor.stages import Stage
+
+    store, _, _ = make_store(max_bytes=10)
+    store.admit(("t", "p1"), hit=None, nbytes=2, tier=None, stage=Stage.PROMPT)
+    store.admit(("t", "i1"), hit=None, nbytes=3, tier=None, stage=Stage.IMAGE)
+    store.admit(("u", "i2"), hit=None, nbytes=4, tier=None, stage=Stage.IMAGE)
+    assert store.by_stage() == (("image", 2, 7), ("prompt", 1, 2))
+    store.admit(("t", "i1"), hit=None, nbytes=1, tier=None, stage=Stage.IMAGE)  # replaced
+    assert store.by_stage() == (("image", 2, 5), ("prompt", 1, 2))
+    # 6 more bytes: the least recently used go, p1 then i2
+    store.admit(("t", "e1"), hit=None, nbytes=6, tier=None, stage=Stage.EMBEDDING)
+    assert store.by_stage() == (("embedding", 1, 6), ("image", 1, 1))
+    assert store.remove(("t", "i1"))
+    assert store.by_stage() == (("embedding", 1, 6),)
+    assert sum(b for _, _, b in store.by_stage()) == store.bytes

@@ -20,6 +20,7 @@ from services.engine.worker import EngineWorker
 from services.media_types import VideoStats
 from services.observability.adapter_metrics import adapter_families
 from services.observability.degraded_metrics import DegradedStats, degraded_families
+from services.observability.load_metrics import Load, load_families
 from services.observability.media_metrics import (
     FetchStats,
     fetch_families,
@@ -181,6 +182,24 @@ def promtool_problems(text: str) -> str:
     return "" if result.returncode == 0 else (result.stdout + result.stderr).strip() or "failed"
 
 
+# a replica with nothing to do: the load report's figures
+IDLE_LOAD = Load(
+    unix_seconds=0.0,
+    ready=False,
+    requests_in_progress=0,
+    request_headroom=1,
+    engine_running=0,
+    engine_waiting=0,
+    kv_cache_usage=0.0,
+    queue_waiting=0,
+    priorities=(),
+    media=(),
+    cache=(),
+    adapters_running=(),
+    max_loras=0,
+)
+
+
 def service_families(
     *,
     cache: CacheStats,
@@ -221,4 +240,5 @@ def service_families(
         *media_families(media or MediaStats()),
         *video_families(VideoStats()),
         *fetch_families(FetchStats()),
+        *load_families(IDLE_LOAD),
     ]

@@ -51,7 +51,7 @@ def servicer(admission: Admission, events: list[EngineDelta | Finished]) -> Infe
         generate=generate,
     )
     ref = SimpleNamespace(get=lambda: pipeline)
-    return InferenceServicer(Settings(), ref, admission, engine=None)  # type: ignore[arg-type]
+    return InferenceServicer(Settings(), ref, admission, engine=None, load=None)  # type: ignore[arg-type]
 
 
 async def test_the_final_message_comes_after_the_calls_share_is_released() -> None:

@@ -414,3 +414,25 @@ async def test_a_run_that_waited_has_a_queue_span_with_its_wait() -> None:
     assert span.attributes["mmgate.tenant"] == "b"
     assert span.attributes["mmgate.priority"] == 3
     assert span.attributes["mmgate.queue.wait_ms"] == 250.0
+
+
+async def test_the_load_by_priority_counts_slots_held_and_runs_waiting() -> None:
+    q = queue(slots=3)
+    runs = Runs(q)
+    runs.start("a0", "a", priority=0, cost=2)
+    runs.start("b5", "b", priority=5)
+    await settle()
+    assert q.by_priority() == ((0, 2, 0), (5, 1, 0))
+    for name, tenant, priority in (("a-1", "a", -1), ("b5x", "b", 5), ("c5", "c", 5)):
+        runs.start(name, tenant, priority)
+    await settle()
+    assert q.by_priority() == ((-1, 0, 1), (0, 2, 0), (5, 1, 2))
+    runs.tasks["c5"].cancel()  # a caller that left is no longer waiting
+    await settle()
+    assert q.by_priority() == ((-1, 0, 1), (0, 2, 0), (5, 1, 1))
+    runs.end("a0")  # its two slots: to a-1, then to b5x
+    await settle()
+    assert q.by_priority() == ((-1, 1, 0), (5, 2, 0))
+    for name in list(runs.slots):
+        runs.end(name)
+    assert q.by_priority() == ()

@@ -534,3 +534,141 @@ class ModelLimits(_message.Message):
     max_video_seconds: float
     max_video_frame_pixels: int
     def __init__(self, max_tokens: _Optional[int] = ..., max_images: _Optional[int] = ..., min_stream_interval: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_stop_strings: _Optional[int] = ..., max_stop_token_ids: _Optional[int] = ..., max_logit_bias: _Optional[int] = ..., max_constraint_chars: _Optional[int] = ..., max_choices: _Optional[int] = ..., max_samples: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., max_tools: _Optional[int] = ..., max_tools_chars: _Optional[int] = ..., max_tool_calls: _Optional[int] = ..., max_videos: _Optional[int] = ..., max_video_frames: _Optional[int] = ..., max_video_bytes: _Optional[int] = ..., max_video_seconds: _Optional[float] = ..., max_video_frame_pixels: _Optional[int] = ...) -> None: ...
+
+class AbortRequest(_message.Message):
+    __slots__ = ("request_ids",)
+    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    request_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AbortResponse(_message.Message):
+    __slots__ = ("aborted",)
+    ABORTED_FIELD_NUMBER: _ClassVar[int]
+    aborted: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, aborted: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TokenizeRequest(_message.Message):
+    __slots__ = ("prompt", "chat")
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    CHAT_FIELD_NUMBER: _ClassVar[int]
+    prompt: str
+    chat: Chat
+    def __init__(self, prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ...) -> None: ...
+
+class TokenizeResponse(_message.Message):
+    __slots__ = ("token_ids", "max_model_len")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    max_model_len: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+
+class DetokenizeRequest(_message.Message):
+    __slots__ = ("token_ids",)
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DetokenizeResponse(_message.Message):
+    __slots__ = ("text",)
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    def __init__(self, text: _Optional[str] = ...) -> None: ...
+
+class GetServerInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ServerInfo(_message.Message):
+    __slots__ = ("version", "replica", "model", "max_model_len", "media_mode", "video_mode", "engine_slots", "max_concurrent_requests", "edges")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    MEDIA_MODE_FIELD_NUMBER: _ClassVar[int]
+    VIDEO_MODE_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENT_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    EDGES_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    replica: str
+    model: str
+    max_model_len: int
+    media_mode: str
+    video_mode: str
+    engine_slots: int
+    max_concurrent_requests: int
+    edges: int
+    def __init__(self, version: _Optional[str] = ..., replica: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., media_mode: _Optional[str] = ..., video_mode: _Optional[str] = ..., engine_slots: _Optional[int] = ..., max_concurrent_requests: _Optional[int] = ..., edges: _Optional[int] = ...) -> None: ...
+
+class GetLoadRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WatchLoadRequest(_message.Message):
+    __slots__ = ("interval_ms",)
+    INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    interval_ms: int
+    def __init__(self, interval_ms: _Optional[int] = ...) -> None: ...
+
+class PriorityLoad(_message.Message):
+    __slots__ = ("priority", "slots_running", "waiting")
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    priority: int
+    slots_running: int
+    waiting: int
+    def __init__(self, priority: _Optional[int] = ..., slots_running: _Optional[int] = ..., waiting: _Optional[int] = ...) -> None: ...
+
+class StageLoad(_message.Message):
+    __slots__ = ("stage", "entries", "bytes")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    stage: str
+    entries: int
+    bytes: int
+    def __init__(self, stage: _Optional[str] = ..., entries: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class PoolLoad(_message.Message):
+    __slots__ = ("pool", "threads", "busy", "waiting")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    threads: int
+    busy: int
+    waiting: int
+    def __init__(self, pool: _Optional[str] = ..., threads: _Optional[int] = ..., busy: _Optional[int] = ..., waiting: _Optional[int] = ...) -> None: ...
+
+class Load(_message.Message):
+    __slots__ = ("unix_seconds", "requests_in_progress", "request_headroom", "ready", "engine_running", "engine_waiting", "kv_cache_usage", "queue_waiting", "priorities", "media", "cache", "cache_bytes", "adapters_running")
+    UNIX_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_IN_PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_HEADROOM_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_WAITING_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_WAITING_FIELD_NUMBER: _ClassVar[int]
+    PRIORITIES_FIELD_NUMBER: _ClassVar[int]
+    MEDIA_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
+    CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    unix_seconds: float
+    requests_in_progress: int
+    request_headroom: int
+    ready: bool
+    engine_running: int
+    engine_waiting: int
+    kv_cache_usage: float
+    queue_waiting: int
+    priorities: _containers.RepeatedCompositeFieldContainer[PriorityLoad]
+    media: _containers.RepeatedCompositeFieldContainer[PoolLoad]
+    cache: _containers.RepeatedCompositeFieldContainer[StageLoad]
+    cache_bytes: int
+    adapters_running: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, unix_seconds: _Optional[float] = ..., requests_in_progress: _Optional[int] = ..., request_headroom: _Optional[int] = ..., ready: _Optional[bool] = ..., engine_running: _Optional[int] = ..., engine_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., queue_waiting: _Optional[int] = ..., priorities: _Optional[_Iterable[_Union[PriorityLoad, _Mapping]]] = ..., media: _Optional[_Iterable[_Union[PoolLoad, _Mapping]]] = ..., cache: _Optional[_Iterable[_Union[StageLoad, _Mapping]]] = ..., cache_bytes: _Optional[int] = ..., adapters_running: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -44,6 +44,36 @@ class InferenceStub:
                 request_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.CompleteResponse.FromString,
                 _registered_method=True)
+        self.Abort = channel.unary_unary(
+                '/mmgate.v1.Inference/Abort',
+                request_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.AbortRequest.SerializeToString,
+                response_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.AbortResponse.FromString,
+                _registered_method=True)
+        self.Tokenize = channel.unary_unary(
+                '/mmgate.v1.Inference/Tokenize',
+                request_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.TokenizeResponse.FromString,
+                _registered_method=True)
+        self.Detokenize = channel.unary_unary(
+                '/mmgate.v1.Inference/Detokenize',
+                request_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.DetokenizeResponse.FromString,
+                _registered_method=True)
+        self.GetServerInfo = channel.unary_unary(
+                '/mmgate.v1.Inference/GetServerInfo',
+                request_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.GetServerInfoRequest.SerializeToString,
+                response_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.ServerInfo.FromString,
+                _registered_method=True)
+        self.GetLoad = channel.unary_unary(
+                '/mmgate.v1.Inference/GetLoad',
+                request_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.GetLoadRequest.SerializeToString,
+                response_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.Load.FromString,
+                _registered_method=True)
+        self.WatchLoad = channel.unary_stream(
+                '/mmgate.v1.Inference/WatchLoad',
+                request_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.WatchLoadRequest.SerializeToString,
+                response_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.Load.FromString,
+                _registered_method=True)
         self.GetModelInfo = channel.unary_unary(
                 '/mmgate.v1.Inference/GetModelInfo',
                 request_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.GetModelInfoRequest.SerializeToString,
@@ -73,6 +103,51 @@ class InferenceServicer:
 
     def Complete(self, request, context):
         """The whole answer at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Abort(self, request, context):
+        """Ends the caller's own requests being answered, named by their request_id: each call ends
+        with CANCELLED (REQUEST_ABORTED) and its engine run stops (a response shared with other
+        callers runs on for them). None found: NOT_FOUND (REQUEST_NOT_FOUND), the same answer for
+        another tenant's request as for one that does not exist.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Tokenize(self, request, context):
+        """The token ids Generate would give the engine for a prompt or a chat, to count before sending.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Detokenize(self, request, context):
+        """The text of token ids, as the model's tokenizer decodes them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetServerInfo(self, request, context):
+        """This replica: its identity, model, modes and limits. Answered before the engine has started.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetLoad(self, request, context):
+        """This replica's load now, for a router that polls (cheap: no engine or cache call).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchLoad(self, request, context):
+        """The same, streamed every interval_ms until the caller leaves.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -111,6 +186,36 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.Complete,
                     request_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.GenerateRequest.FromString,
                     response_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.CompleteResponse.SerializeToString,
+            ),
+            'Abort': grpc.unary_unary_rpc_method_handler(
+                    servicer.Abort,
+                    request_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.AbortRequest.FromString,
+                    response_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.AbortResponse.SerializeToString,
+            ),
+            'Tokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tokenize,
+                    request_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.TokenizeRequest.FromString,
+                    response_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Detokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detokenize,
+                    request_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.DetokenizeRequest.FromString,
+                    response_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.DetokenizeResponse.SerializeToString,
+            ),
+            'GetServerInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetServerInfo,
+                    request_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.GetServerInfoRequest.FromString,
+                    response_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.ServerInfo.SerializeToString,
+            ),
+            'GetLoad': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetLoad,
+                    request_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.GetLoadRequest.FromString,
+                    response_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.Load.SerializeToString,
+            ),
+            'WatchLoad': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchLoad,
+                    request_deserializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.WatchLoadRequest.FromString,
+                    response_serializer=services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.Load.SerializeToString,
             ),
             'GetModelInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetModelInfo,
@@ -182,6 +287,168 @@ class Inference:
             '/mmgate.v1.Inference/Complete',
             services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
             services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.CompleteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Abort(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mmgate.v1.Inference/Abort',
+            services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.AbortRequest.SerializeToString,
+            services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.AbortResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mmgate.v1.Inference/Tokenize',
+            services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.TokenizeRequest.SerializeToString,
+            services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mmgate.v1.Inference/Detokenize',
+            services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.DetokenizeRequest.SerializeToString,
+            services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.DetokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetServerInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mmgate.v1.Inference/GetServerInfo',
+            services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.GetServerInfoRequest.SerializeToString,
+            services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.ServerInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetLoad(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mmgate.v1.Inference/GetLoad',
+            services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.GetLoadRequest.SerializeToString,
+            services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.Load.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchLoad(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/mmgate.v1.Inference/WatchLoad',
+            services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.WatchLoadRequest.SerializeToString,
+            services_dot_proto_dot_mmgate_dot_v1_dot_inference__pb2.Load.FromString,
             options,
             channel_credentials,
             insecure,
