@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(ENGINE)
 HOST ?= 127.0.0.1
 PORT ?= 50051
 
-.PHONY: all install test lint typecheck architecture unit proto manifests settings-table serve mesh bench bench-cache bench-growth bench-service bench-images bench-image-repeats bench-video-repeats bench-structured bench-tools bench-unary bench-adapters bench-fair-queue bench-fair-weights bench-watch bench-frontend bench-observability bench-plots gpu-check soak reliability-report clean
+.PHONY: all install test lint typecheck architecture unit proto manifests settings-table serve mesh bench bench-cache bench-growth bench-service bench-images bench-image-repeats bench-video-repeats bench-structured bench-tools bench-unary bench-adapters bench-fair-queue bench-fair-weights bench-watch bench-frontend bench-load-report bench-observability bench-plots gpu-check soak reliability-report clean
 
 all: test
 
@@ -146,6 +146,7 @@ endif
 TEXT_ARGS := --cache-policy prompt --loops 2 --warmup 8 --rounds 3 --levels 1 4 16
 ifeq ($(QUICK),1)
 FRONTEND_ARGS := --streams 64 --sizes 1 --seconds 4 --warmup 3 --contenders mmgate,mmgate-edges,bare
+LOAD_REPORT_ARGS := --streams 0,64 --seconds 6 --warmup 2
 FRONTEND_PLOT := $(FIGURES)/frontend-capacity-quick.png
 else
 FRONTEND_ARGS :=
@@ -230,10 +231,14 @@ endif
 bench-plots: $(STAMP)
 	$(BIN)/python -m bench.plots --figures $(FIGURES) --out docs/images
 
+# what a router's poll costs a busy replica: GetLoad against the metrics scrape
+bench-load-report: $(STAMP)
+	$(BIN)/python -m bench.load_report $(LOAD_REPORT_ARGS) --json $(FIGURES)/load-report.json
+
 ifeq ($(QUICK),1)
-bench: bench-cache bench-growth bench-image-repeats bench-video-repeats bench-frontend
+bench: bench-cache bench-growth bench-image-repeats bench-video-repeats bench-frontend bench-load-report
 else
-bench: bench-cache bench-growth bench-service bench-images bench-image-repeats bench-video-repeats bench-structured bench-tools bench-unary bench-adapters bench-fair-queue bench-fair-weights bench-watch bench-frontend bench-observability bench-plots
+bench: bench-cache bench-growth bench-service bench-images bench-image-repeats bench-video-repeats bench-structured bench-tools bench-unary bench-adapters bench-fair-queue bench-fair-weights bench-watch bench-frontend bench-load-report bench-observability bench-plots
 endif
 
 # the full multi-replica suite: three replicas behind the proxy, fail-over, rolling restart,

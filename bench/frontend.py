@@ -168,13 +168,26 @@ def command(
     return [*python, "services.cli", "serve"], env
 
 
-async def start(name: str, size: int, model: str, args: argparse.Namespace) -> Server:
+async def start(
+    name: str,
+    size: int,
+    model: str,
+    args: argparse.Namespace,
+    extra_env: dict[str, str] | None = None,
+) -> Server:
+    """The contender's server, serving; ``extra_env``: more of its environment."""
     port = free_port()
     log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept open while it runs
         prefix=f"frontend-{name}-", suffix=".log", delete=False
     )
     line, added = command(name, port, size, model, args)
-    env = {**os.environ, "SMG_VLLM_SERVICER_WARMUP": "0", "VLLM_LOGGING_LEVEL": "WARNING", **added}
+    env = {
+        **os.environ,
+        "SMG_VLLM_SERVICER_WARMUP": "0",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+        **added,
+        **(extra_env or {}),
+    }
     process = await asyncio.create_subprocess_exec(
         *cpus()[0],
         *line,
