@@ -27,6 +27,7 @@ import pydantic
 import pytest
 import yaml  # type: ignore[import-untyped]
 from cloudcoil.models.istio.networking.v1 import DestinationRule
+from cloudcoil.models.istio.networking.v1alpha3 import EnvoyFilter
 from cloudcoil.models.istio.security.v1 import AuthorizationPolicy, PeerAuthentication
 from cloudcoil.models.prometheus_operator.v1 import PrometheusRule, ServiceMonitor
 
@@ -36,6 +37,7 @@ from services.api.health import LIVENESS, READINESS
 from services.config import AuthSettings, Grant, Settings
 from services.observability.metrics import Metrics
 from services.wire import AFFINITY_HEADER
+from tests.deploy.test_replicas import BALANCE_FACTOR
 from tests.services.prom import DASHBOARD_NAMES, service_families
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -465,6 +467,32 @@ def test_destination_rule_hashes_the_affinity_header(docs: list[Doc]) -> None:
     outliers = policy["outlierDetection"]
     assert outliers["consecutiveGatewayErrors"] > 0
     assert 0 < outliers["maxEjectionPercent"] < 100
+
+
+def test_bounded_loads_filter_sets_the_factor_on_the_destination_rules_cluster(
+    docs: list[Doc],
+) -> None:
+    """deploy/k8s/mesh-bounded-loads: the EnvoyFilter that adds Envoy's hash_balance_factor,
+    which Istio's DestinationRule lacks, to the cluster of mmgate's gRPC port, for the callers'
+    sidecars and gateways, from Istio's root namespace."""
+    (envoy_filter,) = render(K8S / "mesh-bounded-loads")
+    EnvoyFilter.model_validate(envoy_filter, extra="forbid")
+    assert envoy_filter["metadata"]["namespace"] == "istio-system"
+    rule = one(docs, "DestinationRule", MMGATE)
+    port = one(docs, "Service", MMGATE)["spec"]["ports"][0]
+    assert port["appProtocol"] == "grpc"
+    patches = envoy_filter["spec"]["configPatches"]
+    assert {p["match"]["context"] for p in patches} == {"SIDECAR_OUTBOUND", "GATEWAY"}
+    for patch in patches:
+        assert patch["applyTo"] == "CLUSTER"
+        assert patch["match"]["cluster"] == {
+            "service": rule["spec"]["host"],
+            "portNumber": port["port"],
+        }
+        assert patch["patch"]["operation"] == "MERGE"
+        hashing = patch["patch"]["value"]["common_lb_config"]["consistent_hashing_lb_config"]
+        # Envoy takes 100 (no bound) and up; the real-process test uses the same factor
+        assert hashing == {"hash_balance_factor": BALANCE_FACTOR}
 
 
 def prestop_seconds(c: Doc) -> int:

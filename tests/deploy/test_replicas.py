@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import secrets
 import signal
 import time
@@ -32,6 +33,7 @@ from services.models import build_tiny_llava
 from services.proto.mmgate.v1 import inference_pb2
 from tests import support
 from tests.deploy.proxy import Nginx, wait_reloaded
+from tests.haproxy import GrpcHashProxy
 from tests.redis_support import RedisProcess, redis_server
 from tests.replicas import Replicas
 from tests.services.imagegen import png
@@ -139,6 +141,96 @@ async def test_the_same_image_meets_the_same_replica_and_images_spread(
     # different images spread: a hash ring over a dozen keys need not touch every replica
     assert len(spread) >= 2, spread
     record("affinity", {"images": len(IMAGES), "per_replica": dict(sorted(spread.items()))})
+
+
+# Bounded loads: one image is HOT_SHARE of the calls, the rest spread over COLD images; WORKERS
+# calls in flight, four a replica, so that the factor's bound is a whole number of calls
+HOT_SHARE = 0.6
+COLD = 12
+BALANCE_FACTOR = 125  # percent of the average load a replica may take (hash-balance-factor)
+WORKERS = 4 * REPLICAS
+CALLS = 40 * REPLICAS
+
+
+async def hashed_load(target: str, images: list[bytes], seed: int) -> list[tuple[int, str, str]]:
+    """CALLS calls, WORKERS at a time: image 0 (hot) HOT_SHARE of them, the others at random;
+    each call's image index, outcome and tier, in the order they ended."""
+    rng = random.Random(seed)
+    plan = [0 if rng.random() < HOT_SHARE else rng.randrange(1, len(images)) for _ in range(CALLS)]
+    pending = iter(plan)
+    ended: list[tuple[int, str, str]] = []
+
+    async def worker(client: MmgateClient) -> None:
+        for index in pending:
+            report = (await ask(client, images[index])).final.cache.images[0]
+            ended.append((index, report.outcome, report.tier))
+
+    async with MmgateClient(target, timeout=120.0) as client:
+        await asyncio.gather(*(worker(client) for _ in range(WORKERS)))
+    return ended
+
+
+def repeat_hit_rate(ended: list[tuple[int, str, str]]) -> float:
+    """Of the cold images' calls after each one's first: those its replica's memory answered."""
+    seen: set[int] = set()
+    repeats = hits = 0
+    for index, outcome, tier in ended:
+        if index == 0:
+            continue
+        if index in seen:
+            repeats += 1
+            hits += (outcome, tier) == ("hit", "memory")
+        seen.add(index)
+    return hits / repeats
+
+
+async def test_bounded_loads_spread_a_hot_image_and_keep_the_others_on_their_replica(
+    replicas: Replicas, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """HAProxy hashing x-mmgate-affinity, plain and with hash-balance-factor, each run on images
+    of its own: with the factor no replica holds more than the factor of the average of the
+    calls in flight (the load the factor bounds; the share of all calls is not bounded with it:
+    a replica whose calls are memory hits ends them sooner and takes more); the hot image is
+    encoded once per replica at most."""
+    ports = [s.port for s in replicas.servers]
+    results = {}
+    for name, factor, offset in (("plain", None, 7300), ("bounded", BALANCE_FACTOR, 7400)):
+        proxy = GrpcHashProxy(
+            tmp_path_factory.mktemp(f"haproxy-{name}"), ports, balance_factor=factor
+        )
+        proxy.start()
+        try:
+            wait_serving(proxy.target, 60)
+            images = [png(offset + i) for i in range(COLD + 1)]
+            ended = await hashed_load(proxy.target, images, seed=offset)
+            stats = proxy.server_stats()
+        finally:
+            proxy.stop()
+        assert sum(s["stot"] for s in stats.values()) >= CALLS
+        hot = [(outcome, tier) for index, outcome, tier in ended if index == 0]
+        results[name] = {
+            "share": {
+                port: s["stot"] / sum(x["stot"] for x in stats.values())
+                for port, s in stats.items()
+            },
+            "most_in_flight": {port: s["smax"] for port, s in stats.items()},
+            "hot_calls": len(hot),
+            "hot_encoded": sum(outcome == "miss" and tier == "" for outcome, tier in hot),
+            "hot_from_redis": sum(tier == "redis" for _, tier in hot),
+            "cold_repeat_memory_hits": repeat_hit_rate(ended),
+        }
+    bounded, plain = results["bounded"], results["plain"]
+    record("bounded_loads", {"factor": BALANCE_FACTOR, "workers": WORKERS, **results})
+    # the bound HAProxy keeps: a replica takes a call only below ceil(in flight x factor) / N
+    cap = -(-WORKERS * BALANCE_FACTOR // 100) // REPLICAS
+    assert max(bounded["most_in_flight"].values()) <= cap, results
+    # without the factor the hot image's replica took more than that at once
+    assert max(plain["most_in_flight"].values()) > cap, results
+    # the hot image: computed once a replica at most, the replicas it spilled to read Redis
+    assert 1 <= bounded["hot_encoded"] <= REPLICAS, results
+    assert plain["hot_encoded"] == 1, results
+    # the cold images' repeats still mostly meet the replica that holds them
+    assert bounded["cold_repeat_memory_hits"] >= 0.5, results
 
 
 FULL_ONLY = pytest.mark.skipif(
