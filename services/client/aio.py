@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ..proto.mmgate.v1 import cache_pb2, cache_pb2_grpc, inference_pb2, inference_pb2_grpc
 from ..wire import AFFINITY_HEADER, digest_of
 from .credentials import Credentials
-from .requests import DEFAULT_TARGET, Attempts, HeldImages, build_request
+from .requests import DEFAULT_TARGET, Attempts, HeldImages, build_request, tokenize_request
 
 
 class MmgateClient:
@@ -147,14 +147,8 @@ class MmgateClient:
     async def tokenize(self, prompt: str | None = None, **input: Any) -> list[int]:
         """The token ids Generate would give the engine for this input: ``prompt`` or
         ``messages`` (and ``tools``), ``raw``, as :func:`build_request` takes them."""
-        built = build_request(prompt, **input)
-        request = inference_pb2.TokenizeRequest()
-        if built.HasField("chat"):
-            request.chat.CopyFrom(built.chat)
-        else:
-            request.prompt = built.prompt
         response: inference_pb2.TokenizeResponse = await self.inference.Tokenize(
-            request, timeout=self.timeout, metadata=self.metadata
+            tokenize_request(prompt, **input), timeout=self.timeout, metadata=self.metadata
         )
         return list(response.token_ids)
 

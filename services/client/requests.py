@@ -112,6 +112,18 @@ def build_request(
     return request
 
 
+def tokenize_request(prompt: str | None = None, **input: Any) -> inference_pb2.TokenizeRequest:
+    """A TokenizeRequest of the input :func:`build_request` makes of ``prompt`` or ``messages``
+    (``tools``, ``raw``): what Generate would render."""
+    built = build_request(prompt, **input)
+    request = inference_pb2.TokenizeRequest()
+    if built.HasField("chat"):
+        request.chat.CopyFrom(built.chat)
+    else:
+        request.prompt = built.prompt
+    return request
+
+
 def _turn(role: str, content: str) -> inference_pb2.ChatMessage:
     return inference_pb2.ChatMessage(role=role, content=content)
 
@@ -260,4 +272,5 @@ __all__ = [
     "digest_of",
     "error_reason",
     "image_not_found",
+    "tokenize_request",
 ]

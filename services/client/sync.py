@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ..proto.mmgate.v1 import cache_pb2, cache_pb2_grpc, inference_pb2, inference_pb2_grpc
 from ..wire import AFFINITY_HEADER, digest_of
 from .credentials import Credentials
-from .requests import DEFAULT_TARGET, Attempts, HeldImages, build_request
+from .requests import DEFAULT_TARGET, Attempts, HeldImages, build_request, tokenize_request
 
 
 class SyncClient:
@@ -120,6 +120,47 @@ class SyncClient:
             inference_pb2.GetModelInfoRequest(), timeout=self.timeout, metadata=self.metadata
         )
         return response
+
+    def server_info(self) -> inference_pb2.ServerInfo:
+        """Which replica answered, its version, model, modes and limits."""
+        response: inference_pb2.ServerInfo = self.inference.GetServerInfo(
+            inference_pb2.GetServerInfoRequest(), timeout=self.timeout, metadata=self.metadata
+        )
+        return response
+
+    def load(self) -> inference_pb2.Load:
+        """The replica's load now: what it runs and queues, its KV cache, its caches."""
+        response: inference_pb2.Load = self.inference.GetLoad(
+            inference_pb2.GetLoadRequest(), timeout=self.timeout, metadata=self.metadata
+        )
+        return response
+
+    def abort(self, *request_ids: str) -> list[str]:
+        """End this caller's requests being answered with these ``request_id``s: those ended
+        (none: NOT_FOUND)."""
+        response: inference_pb2.AbortResponse = self.inference.Abort(
+            inference_pb2.AbortRequest(request_ids=request_ids),
+            timeout=self.timeout,
+            metadata=self.metadata,
+        )
+        return list(response.aborted)
+
+    def tokenize(self, prompt: str | None = None, **input: Any) -> list[int]:
+        """The token ids Generate would give the engine for this input (``prompt`` or
+        ``messages``, ``tools``, ``raw``)."""
+        response: inference_pb2.TokenizeResponse = self.inference.Tokenize(
+            tokenize_request(prompt, **input), timeout=self.timeout, metadata=self.metadata
+        )
+        return list(response.token_ids)
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        """The text of ``token_ids``, special tokens included."""
+        response: inference_pb2.DetokenizeResponse = self.inference.Detokenize(
+            inference_pb2.DetokenizeRequest(token_ids=token_ids),
+            timeout=self.timeout,
+            metadata=self.metadata,
+        )
+        return response.text
 
     def load_adapter(self, name: str, path: str) -> inference_pb2.LoadAdapterResponse:
         """An admin's: serve the LoRA adapter in ``path`` (under the server's adapter root) as

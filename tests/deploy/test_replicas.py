@@ -193,7 +193,7 @@ async def test_bounded_loads_spread_a_hot_image_and_keep_the_others_on_their_rep
     a replica whose calls are memory hits ends them sooner and takes more); the hot image is
     encoded once per replica at most."""
     ports = [s.port for s in replicas.servers]
-    results = {}
+    results: dict[str, dict[str, Any]] = {}
     for name, factor, offset in (("plain", None, 7300), ("bounded", BALANCE_FACTOR, 7400)):
         proxy = GrpcHashProxy(
             tmp_path_factory.mktemp(f"haproxy-{name}"), ports, balance_factor=factor

@@ -346,3 +346,16 @@ def test_the_bundled_clients_take_answers_as_large_as_the_server_sends() -> None
         taken = dict(channel_options(retries=retries))["grpc.max_receive_message_length"]
         assert isinstance(taken, int)
         assert taken >= Settings().max_send_bytes
+
+
+def test_the_router_and_token_calls_through_the_sync_client(server: RunningServer) -> None:
+    with sync_client(server) as client:
+        info = client.server_info()
+        assert info.model == client.model_info().model
+        assert info.replica
+        assert client.load().ready
+        ids = client.tokenize("Hello there", raw=True)
+        assert client.detokenize(ids) == "Hello there"
+        with pytest.raises(grpc.RpcError) as unknown:
+            client.abort("no-such-request")
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
