@@ -123,6 +123,32 @@ async def test_a_caller_that_leaves_or_runs_out_of_time_stops_the_engine_request
     await eventually(ended, timeout=10)
 
 
+async def test_abort_through_the_edges_ends_a_relayed_stream_and_its_engine_run(
+    edged: tuple[MmgateServer, InMemorySpanExporter],
+) -> None:
+    server, _ = edged
+    engine = engine_of(server)
+    aborted = engine.stats().aborted
+    async with client_of(server) as client:
+        stream = client.generate(
+            build_request("a long answer", max_tokens=1000, ignore_eos=True, request_id="edge-1")
+        )
+        assert (await anext(stream)).HasField("delta")
+        assert await client.abort("edge-1") == ["edge-1"]
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            async for _ in stream:
+                pass
+        load = await client.load()  # a router's poll passes through too
+    assert ended.value.code() == grpc.StatusCode.CANCELLED
+    assert ended.value.details() == "the request was aborted (Inference.Abort)"
+    assert load.ready
+
+    async def stopped() -> bool:
+        return engine.stats().aborted == aborted + 1 and engine.stats().running == 0
+
+    await eventually(stopped, timeout=10)
+
+
 async def test_many_streams_at_once_each_get_their_own_tokens(
     edged: tuple[MmgateServer, InMemorySpanExporter],
 ) -> None:
