@@ -7,7 +7,7 @@ import asyncio
 import os
 import signal
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 import pytest
@@ -93,6 +93,16 @@ async def test_a_relayed_call_meets_the_auth_gate_and_the_parser(
     assert engine_of(server).stats().requests == asked
 
 
+def aborted_and_idle(engine: SyntheticEngine, aborted: int) -> Callable[[], Awaitable[bool]]:
+    """Whether the engine has aborted ``aborted`` requests in all and runs none."""
+
+    async def holds() -> bool:
+        stats = engine.stats()
+        return stats.aborted == aborted and stats.running == 0
+
+    return holds
+
+
 async def test_a_caller_that_leaves_or_runs_out_of_time_stops_the_engine_request(
     edged: tuple[MmgateServer, InMemorySpanExporter],
 ) -> None:
@@ -105,22 +115,14 @@ async def test_a_caller_that_leaves_or_runs_out_of_time_stops_the_engine_request
             if message.HasField("delta"):
                 break
         await stream.aclose()  # cancels the call at the edge
-
-        async def stopped() -> bool:
-            return engine.stats().aborted == aborted + 1 and engine.stats().running == 0
-
-        await eventually(stopped, timeout=10)
+        await eventually(aborted_and_idle(engine, aborted + 1), timeout=10)
         with pytest.raises(grpc.aio.AioRpcError) as late:
             async for _ in client.generate(
                 build_request("a long answer", max_tokens=1000, ignore_eos=True), timeout=0.5
             ):
                 pass
     assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-
-    async def ended() -> bool:
-        return engine.stats().aborted == aborted + 2 and engine.stats().running == 0
-
-    await eventually(ended, timeout=10)
+    await eventually(aborted_and_idle(engine, aborted + 2), timeout=10)
 
 
 async def test_abort_through_the_edges_ends_a_relayed_stream_and_its_engine_run(
@@ -142,11 +144,7 @@ async def test_abort_through_the_edges_ends_a_relayed_stream_and_its_engine_run(
     assert ended.value.code() == grpc.StatusCode.CANCELLED
     assert ended.value.details() == "the request was aborted (Inference.Abort)"
     assert load.ready
-
-    async def stopped() -> bool:
-        return engine.stats().aborted == aborted + 1 and engine.stats().running == 0
-
-    await eventually(stopped, timeout=10)
+    await eventually(aborted_and_idle(engine, aborted + 1), timeout=10)
 
 
 async def test_many_streams_at_once_each_get_their_own_tokens(
