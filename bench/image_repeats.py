@@ -471,11 +471,17 @@ def pin(engine_cpu: int) -> None:
     )
 
 
-async def main(args: argparse.Namespace) -> None:
+def prepare(args: argparse.Namespace) -> None:
+    """The servers' environment (bench/images.py's ``ENV``, where not set) and, with ``--pin``,
+    the CPUs: what a side-by-side run sets before it starts anything."""
     for name, value in ENV.items():
         os.environ.setdefault(name, value)
     if args.pin is not None:
         pin(args.pin)
+
+
+async def main(args: argparse.Namespace) -> None:
+    prepare(args)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         if args.model_path is not None:

@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -169,7 +168,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"about": vars(args) | {"json": None}, "results": results}))
-    sys.exit(0)
 
 
 if __name__ == "__main__":

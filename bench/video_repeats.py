@@ -66,7 +66,6 @@ import asyncio
 import base64
 import hashlib
 import json
-import os
 import sys
 import tempfile
 import time
@@ -98,10 +97,9 @@ from .image_repeats import (
     VllmSide,
     add_run_options,
     measured_runs,
-    pin,
+    prepare,
     run_case,
 )
-from .images import ENV
 from .openai_server import tree_rss_bytes
 
 MAX_TOKENS: Final = 8
@@ -347,10 +345,7 @@ async def run_sides(
 
 
 async def main(args: argparse.Namespace) -> None:
-    for name, value in ENV.items():
-        os.environ.setdefault(name, value)
-    if args.pin is not None:
-        pin(args.pin)
+    prepare(args)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         if args.model_path is not None:

@@ -212,7 +212,6 @@ class CacheActor:
             entries=len(core.store),
             bytes=core.store.bytes,
             bytes_by_tenant=core.store.bytes_by_tenant(),
-            by_stage=core.store.by_stage(),
             flights=len(core.flights),
             waiters=sum(len(f.waiters) for f in core.flights.values()),
             mailbox_depth=len(self._mailbox),
@@ -223,6 +222,11 @@ class CacheActor:
             tier=None if core.tier is None else core.tier.name,
             alive=self.alive,
         )
+
+    def held_by_stage(self) -> tuple[tuple[str, int, int], ...]:
+        """(stage, entries, bytes) of each stage with entries held, by stage name; read between
+        two messages of the actor, like ``stats()``."""
+        return self._core.store.by_stage()
 
     def tenant_stats(self, tenant: str | None = None) -> tuple[TenantStats, ...]:
         """Each tenant's counts and holdings (``tenant``: that one only, zeros if it has none).

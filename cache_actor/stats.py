@@ -80,8 +80,6 @@ class CacheStats:
     tier_write_queue_depth: int  # write-backs waiting for a writer
     tier: str | None  # the second tier's name; None without one
     alive: bool
-    # (stage, entries, bytes) of each stage with entries held, by stage name
-    by_stage: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def lookups(self) -> int:

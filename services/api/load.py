@@ -15,7 +15,6 @@ import asyncio
 import socket
 import time
 from collections.abc import AsyncGenerator, Iterator
-from importlib import metadata
 from typing import final
 
 import grpc
@@ -25,6 +24,7 @@ from ..config import Settings
 from ..engine.protocol import ServedEngine
 from ..errors import InvalidRequest, Violation
 from ..observability.load_metrics import Load, load_families
+from ..observability.metric_families import VERSION
 from ..pipeline.cache_front import CacheFront
 from ..pipeline.generation import PipelineRef
 from ..pipeline.threads import ThreadPools
@@ -42,13 +42,6 @@ MAX_INTERVAL_MS = 60_000
 DEFAULT_INTERVAL_MS = 1000
 # WatchLoad streams open at once, all callers together (a router or two per replica is the use)
 MAX_WATCHERS = 16
-
-
-def _version() -> str:
-    try:
-        return metadata.version("mmgate")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 @final
@@ -71,23 +64,23 @@ class LoadReport:
         self.threads = threads
         self.cache = cache
         self.replica = settings.replica or socket.gethostname()
-        self.version = _version()
         self.watchers = 0  # WatchLoad streams open
 
     def server_info(self) -> pb.ServerInfo:
-        pipeline = self.pipelines.current
-        ready = pipeline is not None
-        return pb.ServerInfo(
-            version=self.version,
+        info = pb.ServerInfo(
+            version=VERSION,
             replica=self.replica,
-            model=self.engine.model_name if ready else "",
-            max_model_len=self.engine.max_model_len if ready else 0,
-            media_mode=pipeline.media.mode if pipeline is not None else "",
-            video_mode=pipeline.media.videos.mode if pipeline is not None else "",
-            engine_slots=(pipeline.queue.slots or 0) if pipeline is not None else 0,
             max_concurrent_requests=self.admission.limit,
             edges=self.settings.edges,
         )
+        pipeline = self.pipelines.current
+        if pipeline is not None:  # the engine has started
+            info.model = self.engine.model_name
+            info.max_model_len = self.engine.max_model_len
+            info.media_mode = pipeline.media.mode
+            info.video_mode = pipeline.media.videos.mode
+            info.engine_slots = pipeline.queue.slots or 0
+        return info
 
     def figures(self) -> Load:
         pipeline = self.pipelines.current
@@ -106,7 +99,7 @@ class LoadReport:
             queue_waiting=sum(waiting for _, _, waiting in priorities),
             priorities=priorities,
             media=self.threads.stats(),
-            cache=self.cache.stats().by_stage,
+            cache=self.cache.held_by_stage(),
             adapters_running=adapters.running,
             max_loras=adapters.max_loras,
         )

@@ -390,7 +390,7 @@ def auth_families(refused_by_reason: Mapping[str, int]) -> Iterator[Metric]:
 
 def info_families(model: str, media_mode: str) -> Iterator[Metric]:
     info = InfoMetricFamily("mmgate", "The model served, the media mode and mmgate's version.")
-    info.add_metric([], {"model": model, "media_mode": media_mode, "version": _VERSION})
+    info.add_metric([], {"model": model, "media_mode": media_mode, "version": VERSION})
     yield info
 
 
@@ -401,4 +401,5 @@ def _version() -> str:
         return "unknown"
 
 
-_VERSION = _version()
+# mmgate's own version: the info metric's and Inference.GetServerInfo's
+VERSION = _version()

@@ -362,6 +362,9 @@ class CacheFront:
     def tenant_stats(self, tenant: str | None = None) -> tuple[TenantStats, ...]:
         return self.actor.tenant_stats(tenant)
 
+    def held_by_stage(self) -> tuple[tuple[str, int, int], ...]:
+        return self.actor.held_by_stage()
+
     async def watch(
         self, watching: WatchFilter, since: int, capacity: int
     ) -> tuple[Watcher, list[CacheEvent]]:
