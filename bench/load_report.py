@@ -12,6 +12,9 @@ every ``--interval-ms``, in turn:
   GetServerInfo  the floor: a unary call on the same channel that reads nothing of the load
   scrape         GET /metrics on the replica's metrics port, over one HTTP connection kept
                  open: every family, ``mmgate_load_*`` among them (what an endpoint picker reads)
+  floor          grpc.health.v1.Health/Check of an idle gRPC process of its own on the
+                 replica's CPU (bench/frontend_bare.py, no streams): what any answer costs on
+                 this host under this load, from a server whose loop has nothing else to do
 Printed per S: each poll's latency p50/p99/max as this process saw it (its request sent to its
 answer parsed), the answers' bytes, the scrape's p99 over GetLoad's; and the server's own time
 for GetLoad, from its ``mmgate_grpc_request_duration_seconds`` (the share of calls answered
@@ -32,6 +35,7 @@ from typing import Any
 
 import grpc
 import httpx
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.client.credentials import channel_options
 from services.config import Settings
@@ -46,7 +50,7 @@ from .openai_server import stop
 from .synthetic_vllm import add_timing_options
 
 NAME = "mmgate-untraced"
-POLLS = ("GetLoad", "GetServerInfo", "scrape")
+POLLS = ("GetLoad", "GetServerInfo", "scrape", "floor")
 METHOD = "/mmgate.v1.Inference/GetLoad"
 
 
@@ -77,15 +81,20 @@ def summary(latencies_ms: list[float], sizes: list[int]) -> dict[str, Any]:
     }
 
 
-async def poll(target: str, metrics_url: str, seconds: float, interval: float) -> dict[str, Any]:
-    """GetLoad and a scrape in turn, one every ``interval``, for ``seconds``."""
+async def poll(
+    target: str, metrics_url: str, floor: str, seconds: float, interval: float
+) -> dict[str, Any]:
+    """Each of POLLS in turn, one every ``interval``, for ``seconds``."""
     got: dict[str, tuple[list[float], list[int]]] = {name: ([], []) for name in POLLS}
     async with (
         grpc.aio.insecure_channel(target, options=channel_options(retries=False)) as channel,
+        grpc.aio.insecure_channel(floor, options=channel_options(retries=False)) as idle,
         httpx.AsyncClient() as http,
     ):
         stub = inference_pb2_grpc.InferenceStub(channel)
-        await stub.GetLoad(pb.GetLoadRequest(), timeout=10)  # the connection made
+        health = health_pb2_grpc.HealthStub(idle)
+        await stub.GetLoad(pb.GetLoadRequest(), timeout=10)  # the connections made
+        await health.Check(health_pb2.HealthCheckRequest(), timeout=10)
         await http.get(metrics_url, timeout=10)
         ends = time.perf_counter() + seconds
         turn = 0
@@ -96,6 +105,9 @@ async def poll(target: str, metrics_url: str, seconds: float, interval: float) -
             elif which == "GetServerInfo":
                 info = await stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)
                 size = info.ByteSize()
+            elif which == "floor":
+                answer = await health.Check(health_pb2.HealthCheckRequest(), timeout=10)
+                size = answer.ByteSize()
             else:
                 reply = await http.get(metrics_url, timeout=10)
                 reply.raise_for_status()
@@ -115,6 +127,11 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         NAME, 1, model, args, extra_env={"MMGATE_METRICS__PORT": str(metrics_port)}
     )
     metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+    try:
+        idle = await frontend.start("bare", 1, model, args)
+    except BaseException:
+        await stop(server.process, 30)
+        raise
     results = []
     try:
         for streams in args.streams:
@@ -124,7 +141,11 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 await asyncio.sleep(args.warmup)  # the streams under way before the polls
             calls_before, within_before = await served_within_1ms(metrics_url)
             polled = await poll(
-                server.target, metrics_url, args.seconds - args.warmup, args.interval_ms / 1000
+                server.target,
+                metrics_url,
+                idle.target,
+                args.seconds - args.warmup,
+                args.interval_ms / 1000,
             )
             calls, within = await served_within_1ms(metrics_url)
             share = (within - within_before) / (calls - calls_before)
@@ -140,14 +161,17 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     f"  p99 {f['p99_ms']:7.3f} ms  max {f['max_ms']:7.3f} ms"
                     f"  {f['bytes']:8.0f} B"
                 )
+            floor = polled["GetLoad"]["p99_ms"] / polled["floor"]["p99_ms"]
             print(
-                f"S={streams:<5} scrape p99 / GetLoad p99 {ratio:.1f}x; the server answered"
-                f" {share:.1%} of GetLoad calls within 1 ms",
+                f"S={streams:<5} scrape p99 / GetLoad p99 {ratio:.1f}x; GetLoad p99 / the"
+                f" floor's {floor:.1f}x; the server answered {share:.1%} of GetLoad calls"
+                " within 1 ms",
                 flush=True,
             )
     finally:
-        await stop(server.process, 30)
-        server.log.close()
+        for each in (server, idle):
+            await stop(each.process, 30)
+            each.log.close()
     return results
 
 

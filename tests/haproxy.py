@@ -132,7 +132,8 @@ class GrpcHashProxy(_HAProxy):
         )
 
     def server_stats(self) -> dict[int, dict[str, int]]:
-        """Each replica's calls in all (``stot``) and most at once (``smax``), by port."""
+        """Each replica's calls in all (``stot``), most at once (``smax``) and their average
+        length in ms over its last 1,024 (``ttime``), by port."""
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stats:
             stats.connect(str(self.socket_path))
             stats.sendall(b"show stat\n")
@@ -146,5 +147,7 @@ class GrpcHashProxy(_HAProxy):
         for line in lines[1:]:
             row = dict(zip(header, line.split(","), strict=False))
             if row.get("pxname") == "replicas" and row.get("svname") in by_port:
-                found[by_port[row["svname"]]] = {"stot": int(row["stot"]), "smax": int(row["smax"])}
+                found[by_port[row["svname"]]] = {
+                    key: int(row[key] or 0) for key in ("stot", "smax", "ttime")
+                }
         return found

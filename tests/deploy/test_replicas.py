@@ -214,6 +214,12 @@ async def test_bounded_loads_spread_a_hot_image_and_keep_the_others_on_their_rep
                 for port, s in stats.items()
             },
             "most_in_flight": {port: s["smax"] for port, s in stats.items()},
+            # each replica's part of the calls' time in flight (calls x their average length):
+            # its share of the load over the run
+            "load_share": {
+                port: s["stot"] * s["ttime"] / sum(x["stot"] * x["ttime"] for x in stats.values())
+                for port, s in stats.items()
+            },
             "hot_calls": len(hot),
             "hot_encoded": sum(outcome == "miss" and tier == "" for outcome, tier in hot),
             "hot_from_redis": sum(tier == "redis" for _, tier in hot),
