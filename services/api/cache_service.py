@@ -10,9 +10,7 @@ Prefetch does a request's work, so it passes admission as a Generate call does.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-from collections.abc import Callable
 from typing import Any, Final, final
 
 import grpc
@@ -29,12 +27,13 @@ from ..pipeline.tenancy import Isolation
 from ..proto.mmgate.v1 import cache_pb2 as pb
 from ..proto.mmgate.v1 import cache_pb2_grpc
 from ..proto.mmgate.v1 import inference_pb2 as inference_pb
-from ..wire import ADMIN_ONLY, TENANT_OVERLOADED, is_digest
+from ..wire import ADMIN_ONLY, is_digest
 from .admission import Admission
 from .auth import Caller, checked_label, current_caller
 from .health import HealthMonitor
 from .metadata import call_deadline
 from .status import ServiceError, answering
+from .streams import StreamSlots, bounded_write, end_without_waiting
 from .validation import image_input, image_violations
 
 _ACTOR_FIELDS = frozenset(pb.ActorStats.DESCRIPTOR.fields_by_name) - {"hit_ratio"}
@@ -112,8 +111,7 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         # the engine as the watchdog sees it: GetStats answers before the engine has started
         self.engine = monitor.engine
         self.engine_health = monitor.engine_health
-        # Cache.Watch streams open, by the caller's tenant; a tenant leaves when its last ends
-        self._watching: dict[str, int] = {}
+        self._watchers = StreamSlots("cache watchers", settings.cache.max_watchers_per_tenant)
 
     async def GetStats(
         self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext
@@ -275,7 +273,7 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
                 ),
                 stage=Stage(request.stage),
             )
-            release = self._take_watch_slot(caller.tenant)
+            release = self._watchers.take(caller.tenant)
             try:
                 watcher, first = await self.cache.watch(
                     watching, request.since, self.settings.cache.watch_buffer
@@ -287,55 +285,25 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         try:
             await _stream(context, watcher, first, idle)
         except TimeoutError:
-            # a write held that long: the client reads nothing. Not abort(): its status would
-            # wait behind the messages the client has not read, and so would this handler
+            # a write held that long: the client reads nothing
             watcher.abandon()
-            _end_without_waiting(context, _idle(idle))
+            end_without_waiting(context, _idle(idle))
         finally:
             watcher.close()
             release()
-
-    def _take_watch_slot(self, tenant: str) -> Callable[[], None]:
-        """One of ``tenant``'s watch streams, or why it may not have another; the function
-        returned gives it back."""
-        held = self._watching.get(tenant, 0)
-        limit = self.settings.cache.max_watchers_per_tenant
-        if held >= limit:
-            raise ServiceError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"tenant {tenant} has {held} cache watchers open, its limit; close one first",
-                reason=TENANT_OVERLOADED,
-            )
-        self._watching[tenant] = held + 1
-
-        def release() -> None:
-            left = self._watching[tenant] - 1
-            if left:
-                self._watching[tenant] = left
-            else:
-                del self._watching[tenant]
-
-        return release
 
 
 async def _stream(
     context: grpc.aio.ServicerContext, watcher: Watcher, first: list[CacheEvent], idle: float
 ) -> None:
     """A watcher's events as messages: what it is owed first, its "synced", then live events
-    until its gap; each write bounded by ``idle`` (TimeoutError beyond it). Written here rather
-    than yielded, so that a write that waits is this handler's to bound
-    (interceptors/wrapping.py writes what a handler yields, unbounded)."""
-
-    async def send(event: CacheEvent) -> None:
-        async with asyncio.timeout(idle):
-            await context.write(_watch_event(event))
-
+    until its gap; each write bounded by ``idle`` (TimeoutError beyond it)."""
     for event in [*first, watcher.synced]:
-        await send(event)
+        await bounded_write(context, _watch_event(event), idle)
     # after its gap (behind, or the cache was emptied), nothing: it resumes or starts over
     while not watcher.ended:
         for event in await watcher.next():
-            await send(event)
+            await bounded_write(context, _watch_event(event), idle)
 
 
 def _idle(seconds: float) -> ServiceError:
@@ -344,12 +312,3 @@ def _idle(seconds: float) -> ServiceError:
         f"this watcher read nothing for {seconds:g} s while events waited for it: its stream"
         " ends; resume from the last sequence number it saw",
     )
-
-
-def _end_without_waiting(context: grpc.aio.ServicerContext, error: ServiceError) -> None:
-    """The status the call ends with once the handler returns, sent after the messages the
-    client has yet to read; the handler does not wait for it."""
-    status = error.to_status()
-    context.set_code(status.code)
-    context.set_details(status.details)
-    context.set_trailing_metadata(status.trailing_metadata)

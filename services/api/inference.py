@@ -44,11 +44,12 @@ from .adapters import (
 )
 from .admission import Admission
 from .auth import Caller, current_caller
-from .load import LoadReport
+from .load import LoadReport, watch_idle
 from .metadata import call_deadline, trace_headers
 from .priorities import priority_of, scheduling_message
 from .replies import delta_message, extend_logprobs, fill_final, final_message, sample_end
 from .status import abort, answer_too_large, answering
+from .streams import bounded_write, end_without_waiting
 from .token_inputs import checked_token_ids, tokenize_request
 from .validation import MAX_LOGPROBS, validate
 
@@ -199,12 +200,16 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         self, request: pb.WatchLoadRequest, context: grpc.aio.ServicerContext
     ) -> None:
         loads = self.load.watch(current_caller(), request.interval_ms)
+        idle = self.settings.load.watch_idle_seconds
         async with contextlib.aclosing(loads):
             async with answering(context):
                 first = await anext(loads)  # the checks: before anything is sent
-            await context.write(first)
-            async for message in loads:
-                await context.write(message)
+            try:
+                await bounded_write(context, first, idle)
+                async for message in loads:
+                    await bounded_write(context, message, idle)
+            except TimeoutError:  # a write held that long: the client reads nothing
+                end_without_waiting(context, watch_idle(idle))
 
     async def _check_size(self, message: Message, context: grpc.aio.ServicerContext) -> None:
         """An answer larger than the server sends is refused in mmgate's words, not gRPC's."""

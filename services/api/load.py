@@ -33,15 +33,14 @@ from ..wire import OVERLOADED
 from .admission import Admission
 from .auth import Caller
 from .status import ServiceError
+from .streams import StreamSlots
 
-__all__ = ["LoadReport", "load_message"]
+__all__ = ["LoadReport", "load_message", "watch_idle"]
 
 # WatchLoad's interval bounds and default, milliseconds
 MIN_INTERVAL_MS = 100
 MAX_INTERVAL_MS = 60_000
 DEFAULT_INTERVAL_MS = 1000
-# WatchLoad streams open at once, all callers together (a router or two per replica is the use)
-MAX_WATCHERS = 16
 
 
 @final
@@ -64,7 +63,12 @@ class LoadReport:
         self.threads = threads
         self.cache = cache
         self.replica = settings.replica or socket.gethostname()
-        self.watchers = 0  # WatchLoad streams open
+        self._watchers = StreamSlots("WatchLoad streams", settings.load.max_watchers_per_tenant)
+
+    @property
+    def watchers(self) -> int:
+        """WatchLoad streams open."""
+        return self._watchers.open
 
     def server_info(self) -> pb.ServerInfo:
         info = pb.ServerInfo(
@@ -122,26 +126,37 @@ class LoadReport:
 
         Raises (at the first):
             InvalidRequest: an interval out of bounds.
-            ServiceError: RESOURCE_EXHAUSTED, MAX_WATCHERS streams open already.
+            ServiceError: RESOURCE_EXHAUSTED: ``load.max_watchers`` streams open already, or
+                the caller's tenant's ``load.max_watchers_per_tenant`` (TENANT_OVERLOADED).
         """
         interval_ms = interval_ms or DEFAULT_INTERVAL_MS
         if not MIN_INTERVAL_MS <= interval_ms <= MAX_INTERVAL_MS:
             bounds = f"{MIN_INTERVAL_MS} to {MAX_INTERVAL_MS}"
             raise InvalidRequest([Violation("interval_ms", f"{interval_ms}: must be {bounds}")])
-        if self.watchers >= MAX_WATCHERS:
+        most = self.settings.load.max_watchers
+        if self.watchers >= most:
             raise ServiceError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{MAX_WATCHERS} WatchLoad streams are open, the most this replica serves;"
+                f"{most} WatchLoad streams are open, the most this replica serves;"
                 " poll GetLoad instead",
                 reason=OVERLOADED,
             )
-        self.watchers += 1
+        release = self._watchers.take(caller.tenant)
         try:
             while True:
                 yield self.message(caller)
                 await asyncio.sleep(interval_ms / 1000)
         finally:
-            self.watchers -= 1
+            release()
+
+
+def watch_idle(seconds: float) -> ServiceError:
+    """How a WatchLoad stream whose client read nothing for ``seconds`` ends."""
+    return ServiceError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        f"this WatchLoad stream read nothing for {seconds:g} s while a load waited for it: its"
+        " stream ends; watch again, or poll GetLoad",
+    )
 
 
 def load_message(load: Load) -> pb.Load:

@@ -7,7 +7,7 @@ tables of docs/service.md (``make settings-table``).
 
     engine.py          EngineSettings, SyntheticSettings, ThreadSettings, home_model_cache
     cache.py           CacheSettings (the actor's), MediaSettings, RedisSettings
-    observability.py   TracingSettings, MetricsSettings, HealthSettings
+    observability.py   TracingSettings, MetricsSettings, HealthSettings, LoadSettings
     access.py          AuthSettings, Grant, TenantSettings, TenantScheduling, ConnectionSettings
     chaos.py           ChaosSettings, FaultPlan, Faults
 """
@@ -39,7 +39,7 @@ from .engine import (
     ThreadSettings,
     home_model_cache,
 )
-from .observability import HealthSettings, MetricsSettings, TracingSettings
+from .observability import HealthSettings, LoadSettings, MetricsSettings, TracingSettings
 
 
 class Settings(BaseSettings):
@@ -82,6 +82,7 @@ class Settings(BaseSettings):
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
+    load: LoadSettings = Field(default_factory=LoadSettings)
     threads: ThreadSettings = Field(default_factory=ThreadSettings)
     chaos: ChaosSettings = Field(default_factory=ChaosSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)
@@ -178,6 +179,7 @@ __all__ = [
     "Faults",
     "Grant",
     "HealthSettings",
+    "LoadSettings",
     "MediaSettings",
     "MetricsSettings",
     "MiB",

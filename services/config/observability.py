@@ -43,6 +43,23 @@ class MetricsSettings(BaseModel):
     """Open connections to the metrics port beyond this are closed at once."""
 
 
+class LoadSettings(BaseModel):
+    """Inference.WatchLoad: the load streams routers keep open (GetLoad, polled, holds none)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    max_watchers: int = Field(16, gt=0)
+    """WatchLoad streams open at once, all callers together; one more is refused with
+    RESOURCE_EXHAUSTED (poll GetLoad instead)."""
+    max_watchers_per_tenant: int = Field(4, gt=0)
+    """WatchLoad streams one tenant may have open at once, within max_watchers (an admin's count
+    as its own tenant's); one more is refused with RESOURCE_EXHAUSTED."""
+    watch_idle_seconds: float = Field(30.0, gt=0)
+    """A WatchLoad stream whose client has taken nothing for this long while a load waits to be
+    sent to it (it stopped reading: HTTP/2 flow control holds the write) is ended, its slot given
+    back: its stream ends, after what it was sent, with RESOURCE_EXHAUSTED."""
+
+
 class HealthSettings(BaseModel):
     """What turns health NOT_SERVING, and how soon (see docs/service.md, "Health and shutdown")."""
 
@@ -63,4 +80,4 @@ class HealthSettings(BaseModel):
     """Readiness stays NOT_SERVING this long after a blocked loop moves again."""
 
 
-__all__ = ["HealthSettings", "MetricsSettings", "TracingSettings"]
+__all__ = ["HealthSettings", "LoadSettings", "MetricsSettings", "TracingSettings"]
