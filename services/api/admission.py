@@ -63,11 +63,7 @@ class Admission:
             yield
         finally:
             self.active -= 1
-            left = self.by_tenant[tenant] - 1
-            if left:
-                self.by_tenant[tenant] = left
-            else:
-                del self.by_tenant[tenant]
+            count_down(self.by_tenant, tenant)
             if self.active == 0:
                 self._idle.set()
 
@@ -92,4 +88,12 @@ class Admission:
         return True
 
 
-__all__ = ["Admission"]
+def count_down(counts: dict[str, int], tenant: str) -> None:
+    """One of ``tenant``'s counted calls or streams ended; it leaves ``counts`` with its last."""
+    if counts[tenant] > 1:
+        counts[tenant] -= 1
+    else:
+        del counts[tenant]
+
+
+__all__ = ["Admission", "count_down"]

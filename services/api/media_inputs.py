@@ -61,17 +61,26 @@ def checked_videos(
     return tuple(_video_input(i, video) for i, video in enumerate(videos))
 
 
+def media_source(
+    item: pb.Image | pb.Video, where: str, bad: Callable[[str, str], None]
+) -> str | None:
+    """An image's or a clip's ``source`` (data, digest or url; None: unset), what is wrong with
+    its fields and its digest told to ``bad``."""
+    if len(unknown_fields.UnknownFieldSet(item)) > 0:
+        bad(where, "carries fields this server does not know")
+    source: str | None = item.WhichOneof("source")
+    if source is None:
+        bad(where, "set data, digest or url")
+    elif source == "digest" and not is_digest(item.digest):
+        bad(f"{where}.digest", "'sha256:' and 64 lowercase hex digits")
+    return source
+
+
 def _check(
     video: pb.Video, where: str, limits: MediaSettings, bad: Callable[[str, str], None]
 ) -> None:
-    if len(unknown_fields.UnknownFieldSet(video)) > 0:
-        bad(where, "carries fields this server does not know")
-    source = video.WhichOneof("source")
-    if source is None:
-        bad(where, "set data, digest or url")
-    elif source == "digest" and not is_digest(video.digest):
-        bad(f"{where}.digest", "'sha256:' and 64 lowercase hex digits")
-    elif source == "data":
+    source = media_source(video, where, bad)
+    if source == "data":
         if not video.data:
             bad(f"{where}.data", "must not be empty")
         elif len(video.data) > limits.max_video_bytes:
@@ -103,4 +112,4 @@ def _video_input(index: int, video: pb.Video) -> VideoInput:
     return VideoInput(index, None, sampling, digest=video.digest, mime_type=video.mime_type)
 
 
-__all__ = ["MAX_URL_CHARS", "checked_videos", "url_violations"]
+__all__ = ["MAX_URL_CHARS", "checked_videos", "media_source", "url_violations"]

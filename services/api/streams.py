@@ -20,6 +20,7 @@ from typing import Any, final
 import grpc
 
 from ..wire import TENANT_OVERLOADED
+from .admission import count_down
 from .status import ServiceError
 
 __all__ = ["StreamSlots", "bounded_write", "end_without_waiting"]
@@ -54,11 +55,7 @@ class StreamSlots:
 
         def release() -> None:
             self.open -= 1
-            left = self.by_tenant[tenant] - 1
-            if left:
-                self.by_tenant[tenant] = left
-            else:
-                del self.by_tenant[tenant]
+            count_down(self.by_tenant, tenant)
 
         return release
 

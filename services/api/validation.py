@@ -24,9 +24,9 @@ from ..media_types import VideoInput
 from ..proto.mmgate.v1 import inference_pb2 as pb
 from ..tool_types import Tools
 from ..types import CachePolicy, ChatTurn, Constraint, GenerationRequest, ImageInput, Sampling
-from ..wire import IMAGE_PLACEHOLDER, MIME_TYPES, is_digest
+from ..wire import IMAGE_PLACEHOLDER, MIME_TYPES
 from .constraints import checked_constraint
-from .media_inputs import checked_videos, url_violations
+from .media_inputs import checked_videos, media_source, url_violations
 from .tools import checked_tools, tool_turn_fields
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -277,13 +277,7 @@ def _images(
         )
     for i, image in enumerate(images):
         where = f"images[{i}]"
-        if _has_unknown_fields(image):
-            bad(where, "carries fields this server does not know")
-        source = image.WhichOneof("source")
-        if source is None:
-            bad(where, "set data, digest or url")
-        elif source == "digest" and not is_digest(image.digest):
-            bad(f"{where}.digest", "'sha256:' and 64 lowercase hex digits")
+        media_source(image, where, bad)
         for violation in image_violations(image, settings, f"{where}."):
             bad(violation.field, violation.description)
 
