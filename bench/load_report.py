@@ -4,7 +4,8 @@
                                 [--json F]                              (make bench-load-report)
 
 One ``mmgate serve`` over the synthetic engine (bench/frontend.py's ``mmgate-untraced``: a
-token every ``--step-ms`` to each running request, no CPU for the engine) on CPU 0, and for each
+token every ``--step-ms`` to each running request, no CPU for the engine; with ``--edges N``,
+N edge processes in front of its core) on CPU 0, and for each
 S in ``--streams`` a load generator in a process of its own on CPU 1 keeping S closed-loop
 streams (bench/frontend_load.py; S=0: no load). Meanwhile this process polls as a router would,
 every ``--interval-ms``, in turn:
@@ -123,9 +124,10 @@ async def poll(
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     model = str(prepare_default_model(Settings().model_cache))
     metrics_port = free_port()
-    server = await frontend.start(
-        NAME, 1, model, args, extra_env={"MMGATE_METRICS__PORT": str(metrics_port)}
-    )
+    env = {"MMGATE_METRICS__PORT": str(metrics_port)}
+    if args.edges:
+        env["MMGATE_EDGES"] = str(args.edges)
+    server = await frontend.start(NAME, 1, model, args, extra_env=env)
     metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     try:
         idle = await frontend.start("bare", 1, model, args)
@@ -185,7 +187,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--interval-ms", type=float, default=100.0)
     add_timing_options(parser)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--edges", type=int, default=0)
+    parser.add_argument(
+        "--edges", type=int, default=0, help="edge processes in front of the core (MMGATE_EDGES)"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     results = asyncio.run(run(args))
